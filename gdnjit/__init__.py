@@ -1,0 +1,47 @@
+"""gdnjit: JIT-generated CUDA kernels for hybrid linear-attention decode (gated delta rule, NVFP4).
+
+Public API (FlashInfer-compatible names and parameters):
+
+- :func:`gated_delta_rule_decode_pretranspose` — decode, K-last state, direct or pooled
+- :func:`gated_delta_rule_decode` — decode, K-major state
+- :func:`gated_delta_rule_mtp` — multi-token / speculative verify step over a state pool
+
+Kernels are rendered from YAML specs + Jinja templates, compiled with NVRTC on first use and
+cached on disk (``GDNJIT_CACHE_DIR``); precompile with ``gdnjit warm --shapes qwen35.yaml``.
+"""
+
+from .errors import CacheMissError, CompileError, CudaError, LockTimeoutError, SpecError
+from .version import __version__
+
+# The ops import torch; load them on first use so the CLI (warm, cache) starts fast.
+_LAZY = {
+    "gated_delta_rule_decode_pretranspose": "gdn",
+    "gated_delta_rule_decode": "gdn",
+    "gated_delta_rule_mtp": "gdn",
+}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gdnjit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(list(globals()) + list(_LAZY))
+
+__all__ = [
+    "gated_delta_rule_decode_pretranspose",
+    "gated_delta_rule_decode",
+    "gated_delta_rule_mtp",
+    "CacheMissError",
+    "CompileError",
+    "CudaError",
+    "LockTimeoutError",
+    "SpecError",
+    "__version__",
+]

@@ -1,0 +1,211 @@
+"""The on-disk store: one ``<name>.cubin`` + ``<name>.json`` pair per entry.
+
+Publishing (Triton/CuPy/FlashInfer lessons): take a per-entry file lock (in the lock dir, which
+can be node-local), re-check, build, write each file to a temp file in the same directory,
+fsync, ``os.replace`` — cubin first, the JSON sidecar last as the commit marker. An entry is
+valid only if its sidecar parses, names the same key and matches the cubin's size and sha256;
+anything else is treated as a miss (logged once) and rebuilt, never loaded. Read-only cache
+directories are searched first and never written.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+import filelock
+
+from ..config import Config
+from ..errors import CacheMissError, LockTimeoutError
+from .key import CACHE_FORMAT, cache_key
+
+log = logging.getLogger("gdnjit.cache")
+ENTRY_DIR = "entries"
+_warned: set[str] = set()
+
+
+@dataclasses.dataclass(frozen=True)
+class Entry:
+    """A loaded cache entry: the cubin bytes and its sidecar metadata."""
+
+    name: str
+    cubin: bytes
+    meta: dict[str, Any]
+    origin: str  # "built", "disk" or "readonly"
+
+
+@dataclasses.dataclass(frozen=True)
+class Built:
+    """What a build callback returns: the cubin, resource metadata and (optionally) the source."""
+
+    cubin: bytes
+    meta: dict[str, Any]
+    source: str | None = None
+
+
+def _warn_once(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        log.warning(msg)
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_entry(directory: Path, name: str, key: str) -> tuple[Entry | None, str | None]:
+    """(entry, None) if a valid entry is there; (None, reason) if absent (reason None) or invalid."""
+    meta_path = directory / f"{name}.json"
+    cubin_path = directory / f"{name}.cubin"
+    try:
+        meta_text = meta_path.read_bytes()
+    except FileNotFoundError:
+        return None, None
+    except OSError as e:
+        return None, f"cannot read {meta_path.name}: {e}"
+    try:
+        meta = json.loads(meta_text)
+        if not isinstance(meta, dict):
+            raise ValueError("not an object")
+    except ValueError as e:
+        return None, f"{meta_path.name}: bad JSON ({e})"
+    if meta.get("key") != key or meta.get("format") != CACHE_FORMAT:
+        return None, f"{meta_path.name}: key or format mismatch"
+    try:
+        cubin = cubin_path.read_bytes()
+    except OSError as e:
+        return None, f"cannot read {cubin_path.name}: {e}"
+    if len(cubin) != meta.get("cubin_size") or hashlib.sha256(cubin).hexdigest() != meta.get("cubin_sha256"):
+        return None, f"{cubin_path.name}: size or sha256 does not match the sidecar (truncated or corrupt)"
+    return Entry(name, cubin, meta, "disk"), None
+
+
+class DiskCache:
+    """The writable cache dir plus read-only dirs, as configured by a :class:`Config`."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.dir = config.cache_dir / ENTRY_DIR
+        self.readonly = tuple(d / ENTRY_DIR for d in config.readonly_cache_dirs)
+
+    def lookup(self, name: str, key: str) -> Entry | None:
+        """A valid entry from the read-only dirs, then the writable dir; None on a miss."""
+        for directory, origin in [*((d, "readonly") for d in self.readonly), (self.dir, "disk")]:
+            entry, problem = read_entry(directory, name, key)
+            if entry is not None:
+                return dataclasses.replace(entry, origin=origin)
+            if problem:
+                _warn_once(f"gdnjit cache: ignoring invalid entry in {directory}: {problem}; it will be rebuilt")
+        return None
+
+    def get_or_build(self, name: str, fields: Mapping[str, Any], build: Callable[[], Built]) -> Entry:
+        """Return the entry for ``fields``, building and publishing it under the lock on a miss."""
+        key = cache_key(fields)
+        cfg = self.config
+        if not cfg.always_compile:
+            hit = self.lookup(name, key)
+            if hit is not None:
+                return hit
+        if cfg.disable_jit:
+            raise CacheMissError(
+                f"GDNJIT_DISABLE_JIT is set and variant {name} is not in the cache "
+                f"(searched {[str(d) for d in (*self.readonly, self.dir)]}); run `gdnjit warm` for its shapes"
+            )
+        if cfg.disable_disk_cache:
+            return self._entry_from(name, key, fields, build(), origin="built")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        lock_dir = cfg.effective_lock_dir
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        lock_path = lock_dir / f"{name}.lock"
+        try:
+            with filelock.FileLock(str(lock_path), timeout=cfg.lock_timeout_s):
+                if not cfg.always_compile:
+                    entry, _ = read_entry(self.dir, name, key)  # re-check: another process may have built it
+                    if entry is not None:
+                        return entry
+                self._remove_temps(name)  # temps of this entry are only written under this lock: stale
+                built = build()
+                entry = self._entry_from(name, key, fields, built, origin="built")
+                _atomic_write(self.dir / f"{name}.cubin", built.cubin)
+                if built.source is not None and cfg.save_source:
+                    _atomic_write(self.dir / f"{name}.cu", built.source.encode())
+                _atomic_write(self.dir / f"{name}.json", json.dumps(entry.meta, indent=1, sort_keys=True).encode())
+                return entry
+        except filelock.Timeout:
+            raise LockTimeoutError(
+                f"timed out after {cfg.lock_timeout_s} s waiting for the compile lock {lock_path} "
+                f"(another process is compiling {name}; raise GDNJIT_LOCK_TIMEOUT or check for a hung process)"
+            ) from None
+
+    @staticmethod
+    def _entry_from(name: str, key: str, fields: Mapping[str, Any], built: Built, origin: str) -> Entry:
+        meta = dict(built.meta)
+        meta.update(
+            format=CACHE_FORMAT, key=key, fields=dict(fields), cubin_size=len(built.cubin),
+            cubin_sha256=hashlib.sha256(built.cubin).hexdigest(), created=time.time(),
+        )
+        return Entry(name, built.cubin, meta, origin)
+
+    def _remove_temps(self, name: str) -> None:
+        for p in self.dir.glob(f".tmp-{name}.*"):
+            try:
+                p.unlink()
+            except OSError:
+                pass
+
+    # ---- maintenance (CLI) -------------------------------------------------------------
+
+    def list_entries(self, directory: Path | None = None) -> Iterator[tuple[str, dict[str, Any] | None]]:
+        """(name, sidecar or None if unreadable) for every entry in ``directory`` (default writable)."""
+        directory = directory or self.dir
+        if not directory.is_dir():
+            return
+        names = {p.stem for p in directory.iterdir() if p.suffix in (".json", ".cubin") and not p.name.startswith(".")}
+        for name in sorted(names):
+            try:
+                meta = json.loads((directory / f"{name}.json").read_text())
+                yield name, meta if isinstance(meta, dict) else None
+            except (OSError, ValueError):
+                yield name, None
+
+    def verify(self, repair: bool = False) -> list[tuple[str, str]]:
+        """Check every entry of the writable dir; returns [(name, problem)]. ``repair`` deletes bad ones."""
+        bad = []
+        for name, meta in self.list_entries():
+            key = meta.get("key") if meta else None
+            entry, problem = read_entry(self.dir, name, key) if key else (None, "missing or unreadable sidecar")
+            if entry is None:
+                bad.append((name, problem or "missing"))
+                if repair:
+                    for suffix in (".json", ".cubin", ".cu"):
+                        (self.dir / f"{name}{suffix}").unlink(missing_ok=True)
+        return bad
+
+    def clear(self) -> int:
+        """Delete every entry (and stray temp file) of the writable dir; returns the number of files removed."""
+        n = 0
+        if self.dir.is_dir():
+            for p in self.dir.iterdir():
+                if p.is_file():
+                    p.unlink(missing_ok=True)
+                    n += 1
+        return n

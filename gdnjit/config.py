@@ -1,0 +1,116 @@
+"""Typed configuration knobs, read once from the environment.
+
+Every knob lives here (Triton's ``knobs.py`` lesson): modules deeper down receive a
+:class:`Config` value explicitly instead of reading ``os.environ`` themselves.
+
+Environment variables:
+
+``GDNJIT_CACHE_DIR``            writable cache directory (default ``~/.cache/gdnjit``)
+``GDNJIT_READONLY_CACHE_DIRS``  extra cache dirs searched first, read-only (``os.pathsep``-separated)
+``GDNJIT_LOCK_DIR``             directory for lock files (default ``<cache dir>/locks``; put it on
+                                node-local storage when the cache dir is on a shared file system)
+``GDNJIT_LOCK_TIMEOUT``         seconds to wait for a compile lock (default 600)
+``GDNJIT_DISABLE_JIT``          ``1``: never compile; a cache miss raises :class:`CacheMissError`
+``GDNJIT_ALWAYS_COMPILE``       ``1``: ignore cache hits, compile and overwrite
+``GDNJIT_DISABLE_DISK_CACHE``   ``1``: compile in memory only, write nothing
+``GDNJIT_SAVE_SOURCE``          ``1``: store the rendered source next to each cubin
+``GDNJIT_CHECK_INDICES``       ``1``: check state indices against the pool size on the host before each
+                                launch (a device sync; for debugging). Without it an out-of-range
+                                index stops the kernel (``__trap``) instead of corrupting memory.
+``GDNJIT_LOG_LEVEL``            logging level name for the ``gdnjit`` logger (default WARNING)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from pathlib import Path
+from typing import Mapping
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _flag(env: Mapping[str, str], name: str) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if raw in _TRUE:
+        return True
+    if raw in _FALSE:
+        return False
+    raise ValueError(f"environment variable {name}: expected one of 1/0/true/false, got {raw!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """All knobs, as explicit values. Build one with :func:`load_config`."""
+
+    cache_dir: Path
+    readonly_cache_dirs: tuple[Path, ...] = ()
+    lock_dir: Path | None = None
+    lock_timeout_s: float = 600.0
+    disable_jit: bool = False
+    always_compile: bool = False
+    disable_disk_cache: bool = False
+    save_source: bool = False
+    check_indices: bool = False
+    log_level: str = "WARNING"
+
+    @property
+    def effective_lock_dir(self) -> Path:
+        """Where lock files go: the configured lock dir, else ``<cache_dir>/locks``."""
+        return self.lock_dir if self.lock_dir is not None else self.cache_dir / "locks"
+
+
+def load_config(env: Mapping[str, str] | None = None) -> Config:
+    """Read the knobs from ``env`` (default ``os.environ``); raises ValueError on bad values."""
+    env = os.environ if env is None else env
+    cache_dir = Path(env.get("GDNJIT_CACHE_DIR") or Path.home() / ".cache" / "gdnjit").expanduser()
+    ro = tuple(
+        Path(p).expanduser() for p in env.get("GDNJIT_READONLY_CACHE_DIRS", "").split(os.pathsep) if p
+    )
+    lock_dir = env.get("GDNJIT_LOCK_DIR")
+    raw_timeout = env.get("GDNJIT_LOCK_TIMEOUT", "600")
+    try:
+        timeout = float(raw_timeout)
+    except ValueError:
+        raise ValueError(f"environment variable GDNJIT_LOCK_TIMEOUT: expected seconds, got {raw_timeout!r}") from None
+    level = env.get("GDNJIT_LOG_LEVEL", "WARNING").upper()
+    if not isinstance(logging.getLevelName(level), int):
+        raise ValueError(f"environment variable GDNJIT_LOG_LEVEL: expected a logging level name, got {level!r}")
+    return Config(
+        cache_dir=cache_dir,
+        readonly_cache_dirs=ro,
+        lock_dir=Path(lock_dir).expanduser() if lock_dir else None,
+        lock_timeout_s=timeout,
+        disable_jit=_flag(env, "GDNJIT_DISABLE_JIT"),
+        always_compile=_flag(env, "GDNJIT_ALWAYS_COMPILE"),
+        disable_disk_cache=_flag(env, "GDNJIT_DISABLE_DISK_CACHE"),
+        save_source=_flag(env, "GDNJIT_SAVE_SOURCE"),
+        check_indices=_flag(env, "GDNJIT_CHECK_INDICES"),
+        log_level=level,
+    )
+
+
+_current: Config | None = None
+
+
+def get_config() -> Config:
+    """The process-wide configuration, read from the environment on first use."""
+    global _current
+    if _current is None:
+        _current = load_config()
+        logging.getLogger("gdnjit").setLevel(_current.log_level)
+    return _current
+
+
+def set_config(config: Config | None) -> None:
+    """Replace the process-wide configuration (``None``: re-read the environment on next use).
+
+    Also drops in-process launcher caches that depend on it.
+    """
+    global _current
+    _current = config
+    from . import kernels  # local import: kernels depends on config
+
+    kernels.clear_launcher_cache()

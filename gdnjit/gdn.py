@@ -1,0 +1,352 @@
+"""Gated delta rule (GDN) decode and multi-token ops, FlashInfer-compatible signatures.
+
+This module only validates arguments and dispatches; kernels come from the ``gdn`` spec
+(``specs/gdn.yaml``, ``templates/gdn.cu.j2``) through :mod:`gdnjit.kernels`.
+
+Semantics (DESIGN.md section 4), per batch row n, value head hv (h = hv // (HV // H)), token t::
+
+    g    = exp(-exp(A_log[hv]) * softplus(a[n,t,hv] + dt_bias[hv]))
+    beta = sigmoid(b[n,t,hv])
+    q^ = l2norm(q[n,t,h]) * scale,  k^ = l2norm(k[n,t,h])      (no l2norm: q * scale, k)
+    S  = g * S;  u = (v[n,t,hv] - S k^) * beta;  S = S + u k^T;  o[n,t,hv] = S q^
+
+All math is fp32 whatever the storage dtypes; a bf16 state is rounded once per write.
+See ``docs/api.md`` for the table of argument combinations.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import kernels
+from . import validate as _v
+from .config import get_config
+from .spec import get_spec
+
+SUPPORTED_DIMS = (64, 128, 256)
+MAX_T = 16
+_IN_DTYPES = (torch.bfloat16, torch.float16)
+_STATE_DTYPES = (torch.float32, torch.bfloat16)
+_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_SOFTPLUS_BETA = 1.0
+_SOFTPLUS_THRESHOLD = 20.0
+
+
+def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, like: Optional[torch.Tensor] = None):
+    _v.tensor(name, idx, 1)
+    _v.dtype_in(name, idx, _v.INDEX_NAMES)
+    if like is not None and idx.dtype != like.dtype:
+        raise TypeError(f"{name}: expected the same dtype as initial_state_indices ({like.dtype}), got {idx.dtype}")
+    _v.same_device(name, idx, device)
+    _v.shape_is(name, idx, (B,), "[B]")
+    if B > 1 and idx.stride(0) != 1:
+        raise ValueError(f"{name}: expected a contiguous tensor, got stride {idx.stride()}")
+
+
+def _host_index_check(name: str, idx: torch.Tensor, pool_size: int) -> None:
+    if idx.numel() and int(idx.max()) >= pool_size:
+        raise IndexError(f"{name}: index {int(idx.max())} is out of range for a pool of {pool_size} slots")
+
+
+def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
+         update: bool, l2norm: bool, direct: bool) -> torch.Tensor:
+    """Validate everything, then launch one kernel. ``pool`` is the direct state when ``direct``."""
+    output, call = _prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter,
+                            ssm, update, l2norm, direct)
+    if call is None:
+        return output
+    params, facts, values, dev = call
+    launcher, grid = kernels.resolve(get_spec("gdn"), params, facts, dev)
+    if torch.cuda.current_device() != dev:
+        with torch.cuda.device(dev):
+            launcher(grid, values)
+    else:
+        launcher(grid, values)
+    return output
+
+
+def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
+             update: bool, l2norm: bool, direct: bool, require_cuda: bool = True):
+    """All argument checks; returns (output, (params, facts, kernel args, device index) or None if B == 0).
+
+    ``require_cuda=False`` lets CPU tests exercise every other check with CPU tensors.
+    """
+    # --- inputs ---------------------------------------------------------------------------
+    (_v.cuda_tensor if require_cuda else _v.tensor)("q", q, 4)
+    _v.dtype_in("q", q, _IN_DTYPES)
+    B, T, H, K = q.shape
+    device = q.device
+    if K not in SUPPORTED_DIMS:
+        raise ValueError(f"q: head dim K must be one of {SUPPORTED_DIMS}, got {K}")
+    if not 1 <= T <= MAX_T:
+        raise ValueError(f"q: number of tokens T (dim 1) must be in 1..{MAX_T}, got {T}")
+    if H < 1:
+        raise ValueError(f"q: number of heads H must be >= 1, got {H}")
+    _v.tensor("k", k, 4)
+    if k.dtype != q.dtype:
+        raise TypeError(f"k: expected the dtype of q ({q.dtype}), got {k.dtype}")
+    _v.same_device("k", k, device)
+    _v.shape_is("k", k, q.shape, "q.shape")
+    _v.tensor("v", v, 4)
+    if v.dtype != q.dtype:
+        raise TypeError(f"v: expected the dtype of q ({q.dtype}), got {v.dtype}")
+    _v.same_device("v", v, device)
+    if tuple(v.shape[:2]) != (B, T):
+        raise ValueError(f"v: expected shape [B={B}, T={T}, HV, V], got {tuple(v.shape)}")
+    HV, V = v.shape[2], v.shape[3]
+    if V not in SUPPORTED_DIMS:
+        raise ValueError(f"v: head dim V must be one of {SUPPORTED_DIMS}, got {V}")
+    if HV < H or HV % H:
+        raise ValueError(f"v: number of value heads HV={HV} must be a positive multiple of H={H} (q heads)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        _v.inner_contiguous(name, x)
+    _v.aligned("q", q, 16)
+    _v.aligned("k", k, 16)
+    for name, x in (("a", a), ("b", b)):
+        _v.tensor(name, x, 3)
+        if x.dtype != q.dtype:
+            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+        _v.same_device(name, x, device)
+        _v.shape_is(name, x, (B, T, HV), "[B, T, HV]")
+    _v.tensor("A_log", A_log, 1)
+    _v.dtype_in("A_log", A_log, (torch.float32,))
+    _v.same_device("A_log", A_log, device)
+    _v.shape_is("A_log", A_log, (HV,), "[HV]")
+    _v.tensor("dt_bias", dt_bias, 1)
+    _v.dtype_in("dt_bias", dt_bias, (torch.float32, torch.bfloat16, torch.float16))
+    _v.same_device("dt_bias", dt_bias, device)
+    _v.shape_is("dt_bias", dt_bias, (HV,), "[HV]")
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if HV > 1 and x.stride(0) != 1:
+            raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
+    if scale is None:
+        scale = K ** -0.5
+    else:
+        scale = _v.real_number("scale", scale)
+    l2norm = _v.boolean("use_qk_l2norm", l2norm)
+
+    # --- state / pool ----------------------------------------------------------------------
+    sname = "state" if direct else "initial_state"
+    _v.tensor(sname, pool, 4)
+    _v.dtype_in(sname, pool, _STATE_DTYPES)
+    _v.same_device(sname, pool, device)
+    trailing = (HV, V, K) if layout == "klast" else (HV, K, V)
+    what = "[B, HV, V, K]" if layout == "klast" else "[B, HV, K, V]"
+    if not direct:
+        what = what.replace("[B,", "[pool_size,")
+    pool_size = pool.shape[0]
+    if tuple(pool.shape[1:]) != trailing or (direct and pool_size != B):
+        lead = B if direct else "pool_size"
+        raise ValueError(f"{sname}: expected shape {what} = [{lead}, {', '.join(map(str, trailing))}], got {tuple(pool.shape)}")
+    if pool.stride()[1:] != (trailing[1] * trailing[2], trailing[2], 1):
+        raise ValueError(
+            f"{sname}: each slot's {what[what.index(',') + 2:-1]} block must be contiguous "
+            f"(strides [slot, {trailing[1] * trailing[2]}, {trailing[2]}, 1]); got strides {pool.stride()}"
+        )
+    _v.aligned(sname, pool, 16)
+    slot_stride = pool.stride(0)
+    if pool_size > 1 and slot_stride < HV * V * K:
+        raise ValueError(f"{sname}: slots overlap (slot stride {slot_stride} < HV*V*K = {HV * V * K})")
+
+    if direct:
+        idx_dtype, same_pool = "int32", True
+    else:
+        _check_indices("initial_state_indices", read_idx, B, device)
+        idx_dtype = _v.INDEX_NAMES[read_idx.dtype]
+        same_pool = write_idx is None
+        if write_idx is not None:
+            _check_indices("output_state_indices", write_idx, B, device, like=read_idx)
+
+    if not update and write_idx is not None:
+        raise ValueError("output_state_indices: has no effect with disable_state_update=True; pass None")
+
+    inter_dtype = "none"
+    if inter is not None:
+        _v.tensor("intermediate_states_buffer", inter, 5)
+        _v.dtype_in("intermediate_states_buffer", inter, _STATE_DTYPES)
+        _v.same_device("intermediate_states_buffer", inter, device)
+        if inter.shape[0] < B or inter.shape[1] < T or tuple(inter.shape[2:]) != trailing:
+            raise ValueError(
+                f"intermediate_states_buffer: expected shape [>= B={B}, cache_steps >= T={T}, "
+                f"{', '.join(map(str, trailing))}], got {tuple(inter.shape)}"
+            )
+        if not inter.is_contiguous():
+            raise ValueError("intermediate_states_buffer: expected a contiguous tensor")
+        _v.aligned("intermediate_states_buffer", inter, 16)
+        inter_dtype = _v.FLOAT_NAMES[inter.dtype]
+
+    ssm_dtype = "none"
+    if ssm is not None:
+        if direct:
+            raise ValueError("ssm_state_indices: needs a state pool (initial_state + initial_state_indices)")
+        if inter is not None:
+            raise ValueError("ssm_state_indices: cannot be combined with intermediate_states_buffer (pick one)")
+        if not update:
+            raise ValueError("ssm_state_indices: writes pool slots, so disable_state_update must be False")
+        if write_idx is not None:
+            raise ValueError("output_state_indices: has no effect with ssm_state_indices (the per-token writes "
+                             "replace the final writeback); pass None")
+        _v.tensor("ssm_state_indices", ssm, 2)
+        _v.dtype_in("ssm_state_indices", ssm, _v.INDEX_NAMES)
+        _v.same_device("ssm_state_indices", ssm, device)
+        _v.shape_is("ssm_state_indices", ssm, (B, T), "[B, T]")
+        ssm_dtype = _v.INDEX_NAMES[ssm.dtype]
+
+    # --- output ----------------------------------------------------------------------------
+    if output is None:
+        output = torch.empty((B, T, HV, V), dtype=q.dtype, device=device)
+    else:
+        _v.tensor("output", output, 4)
+        _v.dtype_in("output", output, _OUT_DTYPES)
+        _v.same_device("output", output, device)
+        _v.shape_is("output", output, (B, T, HV, V), "[B, T, HV, V]")
+        _v.inner_contiguous("output", output)
+    if B == 0:
+        return output, None
+
+    if get_config().check_indices and not direct:
+        for name, x in (("initial_state_indices", read_idx), ("output_state_indices", write_idx),
+                        ("ssm_state_indices", ssm)):
+            if x is not None:
+                _host_index_check(name, x, pool_size)
+
+    params = (layout, K, V, T, _v.FLOAT_NAMES[q.dtype], _v.FLOAT_NAMES[output.dtype], _v.FLOAT_NAMES[pool.dtype],
+              _v.FLOAT_NAMES[dt_bias.dtype], not direct, idx_dtype, same_pool, inter_dtype, ssm_dtype, update, l2norm)
+    dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
+    values = (
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(), A_log.data_ptr(), dt_bias.data_ptr(),
+        output.data_ptr(), pool.data_ptr(),
+        0 if direct else read_idx.data_ptr(), 0 if write_idx is None else write_idx.data_ptr(),
+        0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(),
+        slot_stride, pool_size,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *a.stride(), *b.stride(), *output.stride()[:3],
+        0 if inter is None else inter.stride(0), *((0, 0) if ssm is None else ssm.stride()),
+        B, H, HV, scale, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD,
+    )
+    return output, (params, (B, H, HV), values, dev)
+
+
+def gated_delta_rule_decode_pretranspose(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: Optional[torch.Tensor],
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    scale: Optional[float] = None,
+    output: Optional[torch.Tensor] = None,
+    use_qk_l2norm: bool = True,
+    initial_state: Optional[torch.Tensor] = None,
+    initial_state_indices: Optional[torch.Tensor] = None,
+    output_state_indices: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """GDN decode with the state in K-last ("pretransposed") layout, updated in place.
+
+    Args:
+        q, k: ``[B, T, H, K]`` bf16/fp16 (K in 64/128/256; T = 1 for decode, T > 1 routes to
+            :func:`gated_delta_rule_mtp` semantics). Last dim contiguous, 16-byte aligned rows.
+        v: ``[B, T, HV, V]``, q's dtype; HV a multiple of H (GVA), V in 64/128/256.
+        state: direct state ``[B, HV, V, K]`` fp32/bf16 (pass None in pool mode).
+        A_log: ``[HV]`` fp32. a, b: ``[B, T, HV]`` in q's dtype. dt_bias: ``[HV]`` fp32/bf16/fp16.
+        scale: query scale (default ``K ** -0.5``); a runtime value, no recompilation.
+        output: optional ``[B, T, HV, V]`` bf16/fp16/fp32, written directly; else allocated in q's dtype.
+        use_qk_l2norm: l2-normalise q and k (default True).
+        initial_state: pool mode: ``[pool_size, HV, V, K]``; slots may be page-strided (slot
+            stride any multiple of 16 bytes >= one slot), each slot's block contiguous.
+        initial_state_indices: ``[B]`` int32/int64, the slot each row reads (and writes unless
+            ``output_state_indices``). Negative: padding row (output zeros, nothing read or written).
+        output_state_indices: ``[B]``, same dtype: write slots (split pool); negative: skip the writeback.
+
+    Returns:
+        ``(output, state)`` — ``state`` is the direct state or the pool, updated in place.
+
+    Raises:
+        TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides or devices.
+        Out-of-range indices stop the kernel (``GDNJIT_CHECK_INDICES=1`` checks on the host instead).
+    """
+    pool_mode = initial_state is not None or initial_state_indices is not None
+    if pool_mode:
+        if initial_state is None or initial_state_indices is None:
+            raise ValueError("initial_state and initial_state_indices: must be passed together (pool mode)")
+        if state is not None and state is not initial_state:
+            raise ValueError("state: pass None in pool mode (the pool is initial_state)")
+        out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices,
+                   output_state_indices, scale, output, None, None, True, use_qk_l2norm, direct=False)
+        return out, initial_state
+    if output_state_indices is not None:
+        raise ValueError("output_state_indices: needs pool mode (initial_state + initial_state_indices)")
+    if state is None:
+        raise ValueError("state: expected the direct state [B, HV, V, K], or pass initial_state + initial_state_indices")
+    out = _run("klast", q, k, v, A_log, a, dt_bias, b, state, None, None, scale, output, None, None, True,
+               use_qk_l2norm, direct=True)
+    return out, state
+
+
+def gated_delta_rule_decode(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    state: torch.Tensor,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    scale: Optional[float] = None,
+    output: Optional[torch.Tensor] = None,
+    use_qk_l2norm: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """GDN decode with the state in K-major layout ``[B, HV, K, V]`` (fp32/bf16), updated in place.
+
+    Same arguments and semantics as :func:`gated_delta_rule_decode_pretranspose` without the pool
+    arguments; T may be 1..16. Returns ``(output, state)``.
+    """
+    if state is None:
+        raise ValueError("state: expected the direct state [B, HV, K, V], got None")
+    out = _run("kmajor", q, k, v, A_log, a, dt_bias, b, state, None, None, scale, output, None, None, True,
+               use_qk_l2norm, direct=True)
+    return out, state
+
+
+def gated_delta_rule_mtp(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    initial_state: torch.Tensor,
+    initial_state_indices: torch.Tensor,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    scale: Optional[float] = None,
+    output: Optional[torch.Tensor] = None,
+    intermediate_states_buffer: Optional[torch.Tensor] = None,
+    ssm_state_indices: Optional[torch.Tensor] = None,
+    disable_state_update: bool = False,
+    use_qk_l2norm: bool = True,
+    output_state_indices: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Multi-token GDN step (T = 1..16, speculative verify) over a K-last state pool.
+
+    Args (beyond :func:`gated_delta_rule_decode_pretranspose`'s):
+        initial_state: ``[pool_size, HV, V, K]`` fp32/bf16 pool (page-strided allowed).
+        initial_state_indices: ``[B]`` int32/int64 read slots; negative = padding row.
+        intermediate_states_buffer: optional ``[B_buf >= B, cache_steps >= T, HV, V, K]`` fp32/bf16,
+            contiguous; row n, step t receives the state after token t (indexed by batch row).
+        ssm_state_indices: optional ``[B, T]`` int32/int64: the state after token t goes to pool slot
+            ``ssm_state_indices[n, t]`` (negative: skipped) and the final writeback is skipped.
+            Not with ``intermediate_states_buffer``, ``disable_state_update`` or ``output_state_indices``.
+        disable_state_update: True leaves the pool untouched (verify mode; roll back from the buffer).
+        output_state_indices: ``[B]`` write slots (split pool); negative skips the writeback.
+
+    Returns:
+        ``(output [B, T, HV, V], initial_state)``.
+    """
+    disable_state_update = _v.boolean("disable_state_update", disable_state_update)
+    out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
+               scale, output, intermediate_states_buffer, ssm_state_indices, not disable_state_update, use_qk_l2norm,
+               direct=False)
+    return out, initial_state

@@ -1,0 +1,1 @@
+"""Exact torch reference implementations that kernels are tested against."""

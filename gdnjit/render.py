@@ -1,0 +1,76 @@
+"""Jinja rendering of CUDA C++ templates.
+
+One Environment with a package loader and StrictUndefined: a variable the template uses but
+the variant does not define is an error, never an empty string (FlashInfer's plain
+``jinja2.Template`` lesson).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import Any, Mapping
+
+import jinja2
+import jinja2.meta
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("gdnjit", "templates"),
+    undefined=jinja2.StrictUndefined,
+    trim_blocks=True,
+    lstrip_blocks=True,
+    keep_trailing_newline=True,
+    autoescape=False,
+)
+
+# Codes of the storage dtypes in the prelude's DT<C> traits, and C spellings of index/arg types.
+DTYPE_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
+CTYPES = {"fp32": "float", "bf16": "u16", "fp16": "u16", "int32": "int", "int64": "long long",
+          "ptr": "void*", "i64": "long long", "i32": "int", "f32": "float"}
+
+
+class RenderError(ValueError):
+    """A template failed to render (missing variable, syntax error)."""
+
+
+def template_exists(name: str) -> bool:
+    try:
+        _ENV.loader.get_source(_ENV, name)
+    except jinja2.TemplateNotFound:
+        return False
+    return True
+
+
+def _source(name: str) -> str:
+    return _ENV.loader.get_source(_ENV, name)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def template_hash(name: str) -> str:
+    """sha256 over the template and every template it includes/imports, recursively."""
+    seen: dict[str, str] = {}
+    todo = [name]
+    while todo:
+        cur = todo.pop()
+        if cur in seen:
+            continue
+        src = _source(cur)
+        seen[cur] = src
+        for ref in jinja2.meta.find_referenced_templates(_ENV.parse(src)):
+            if ref is None:
+                raise RenderError(f"template {cur}: dynamic includes are not allowed (the cache key must see them)")
+            todo.append(ref)
+    h = hashlib.sha256()
+    for n in sorted(seen):
+        h.update(n.encode() + b"\0" + seen[n].encode() + b"\0")
+    return h.hexdigest()
+
+
+def render(template: str, values: Mapping[str, Any]) -> str:
+    """Render ``template`` with ``values`` (plus the ``ctype`` helper); RenderError on failure."""
+    try:
+        return _ENV.get_template(template).render(dict(values), ctype=CTYPES, dtc=DTYPE_CODES)
+    except jinja2.UndefinedError as e:
+        raise RenderError(f"template {template}: {e.message} (values: {sorted(values)})") from None
+    except jinja2.TemplateError as e:
+        raise RenderError(f"template {template}: {e}") from None

@@ -1,0 +1,336 @@
+"""Kernel specs: YAML files listing a kernel family's parameters, tunables, constraints and
+dispatch rules. Loading validates everything and reports file, line, key and reason.
+
+Schema (see ``docs/specs.md`` for the guide)::
+
+    name: str                    # unique spec name
+    description: str
+    template: file.cu.j2         # under gdnjit/templates
+    kernel_name: str             # extern "C" entry point
+    params:   {name: [values]}   # compile-time parameters fixed by the call (dtypes, K, T, flags)
+    tunables: {name: [values]}   # compile-time choices the dispatcher makes
+    derived:  {name: expr}       # values computed from params + tunables (+ earlier derived)
+    constraints: [{expr: str, why: str}]     # must all hold for a valid variant
+    facts: [names]               # runtime facts the rules and launch may use (B, HV, num_sms, ...)
+    rules: [{when: expr?, use: {tunable: value}, why: str}]  # ordered; first valid match wins
+    launch: {grid: expr, block: expr, smem: expr}             # over facts + variant values
+    args: {name: ptr|i64|i32|f32}  # the kernel's one by-value argument struct, in order
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import expr as _expr
+from .errors import SpecError
+from .yamlio import LineDict, LineList, read_yaml_file
+
+SPEC_DIR = Path(__file__).parent / "specs"
+_SCALAR = (bool, int, float, str)
+_TOP_KEYS = {
+    "name", "description", "template", "kernel_name", "params", "tunables", "derived",
+    "constraints", "facts", "rules", "launch", "args",
+}
+ARG_TYPES = ("ptr", "i64", "i32", "f32")
+
+
+@dataclasses.dataclass(frozen=True)
+class Rule:
+    """One dispatch rule: if ``when`` holds (or is None), use these tunables."""
+
+    when: str | None
+    use: tuple[tuple[str, Any], ...]
+    why: str
+    line: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraint:
+    expr: str
+    why: str
+    line: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Spec:
+    """A validated kernel spec. Immutable; build with :func:`load_spec_file` or :func:`get_spec`."""
+
+    name: str
+    description: str
+    template: str
+    kernel_name: str
+    params: tuple[tuple[str, tuple], ...]
+    tunables: tuple[tuple[str, tuple], ...]
+    derived: tuple[tuple[str, str], ...]
+    constraints: tuple[Constraint, ...]
+    facts: tuple[str, ...]
+    rules: tuple[Rule, ...]
+    launch: tuple[tuple[str, str], ...]
+    args: tuple[tuple[str, str], ...]
+    file: str
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.params)
+
+    @property
+    def tunable_names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.tunables)
+
+    def allowed(self, name: str) -> tuple:
+        """Allowed values of a param or tunable."""
+        for n, vals in self.params + self.tunables:
+            if n == name:
+                return vals
+        raise KeyError(name)
+
+    def check_params(self, params: Mapping[str, Any]) -> None:
+        """ValueError unless ``params`` has exactly the spec's params with allowed values."""
+        names = set(self.param_names)
+        if set(params) != names:
+            raise ValueError(
+                f"spec {self.name}: params must be exactly {sorted(names)}, got {sorted(params)}"
+            )
+        for n, vals in self.params:
+            if params[n] not in vals:
+                raise ValueError(f"spec {self.name}: param {n} must be one of {list(vals)}, got {params[n]!r}")
+
+    def variant_values(self, params: Mapping[str, Any], tunables: Mapping[str, Any]) -> dict[str, Any]:
+        """params + tunables + derived values, in one dict (the template and launch context)."""
+        values = dict(params)
+        values.update(tunables)
+        for n, e in self.derived:
+            values[n] = _expr.evaluate(e, values)
+        return values
+
+    def violations(self, params: Mapping[str, Any], tunables: Mapping[str, Any]) -> list[str]:
+        """The constraints (with their reasons) that ``params`` + ``tunables`` break; [] if valid."""
+        return list(_violations(self, tuple(params.items()), tuple(tunables.items())))
+
+    def _violations(self, params: Mapping[str, Any], tunables: Mapping[str, Any]) -> list[str]:
+        for n, vals in self.tunables:
+            if tunables.get(n) not in vals:
+                return [f"tunable {n} must be one of {list(vals)}, got {tunables.get(n)!r}"]
+        try:
+            values = self.variant_values(params, tunables)
+        except _expr.ExprError as e:
+            return [str(e)]
+        bad = []
+        for c in self.constraints:
+            try:
+                ok = bool(_expr.evaluate(c.expr, values))
+            except _expr.ExprError as e:
+                ok, c = False, Constraint(c.expr, str(e), c.line)
+            if not ok:
+                bad.append(f"{c.expr} ({c.why})")
+        return bad
+
+    def all_tunable_choices(self) -> list[dict[str, Any]]:
+        """Every combination of tunable values (valid or not)."""
+        names = self.tunable_names
+        return [dict(zip(names, combo)) for combo in itertools.product(*(v for _, v in self.tunables))]
+
+
+@functools.lru_cache(maxsize=65536)
+def _violations(spec: Spec, params: tuple, tunables: tuple) -> tuple[str, ...]:
+    return tuple(spec._violations(dict(params), dict(tunables)))
+
+
+def _err(file: str, key: str, reason: str, node: Any = None, sub: Any = None) -> SpecError:
+    line = None
+    if isinstance(node, (LineDict, LineList)):
+        line = node.line_of(sub) if sub is not None else node.line
+    return SpecError(file, key, reason, line)
+
+
+def _values_table(doc: LineDict, key: str, file: str, required: bool) -> tuple[tuple[str, tuple], ...]:
+    table = doc.get(key, LineDict())
+    if not isinstance(table, dict) or (required and not table):
+        raise _err(file, key, "expected a non-empty mapping of name -> list of allowed values", doc, key)
+    out = []
+    for name, vals in table.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise _err(file, f"{key}.{name}", "names must be identifiers", table, name)
+        if not isinstance(vals, list) or not vals:
+            raise _err(file, f"{key}.{name}", f"expected a non-empty list of values, got {vals!r}", table, name)
+        for v in vals:
+            if not isinstance(v, _SCALAR):
+                raise _err(file, f"{key}.{name}", f"values must be scalars, got {v!r}", table, name)
+        if len(set(map(repr, vals))) != len(vals):
+            raise _err(file, f"{key}.{name}", "duplicate values", table, name)
+        out.append((name, tuple(vals)))
+    return tuple(out)
+
+
+def _expr_str(value: Any, file: str, key: str, node: Any, sub: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _err(file, key, f"expected an expression string, got {value!r}", node, sub)
+    text = str(value)
+    try:
+        _expr.compile_expr(text)
+    except _expr.ExprError as e:
+        raise _err(file, key, str(e), node, sub) from None
+    return text
+
+
+def parse_spec(doc: Any, file: str) -> Spec:
+    """Validate a parsed YAML document and build a :class:`Spec`; raises SpecError."""
+    if not isinstance(doc, dict):
+        raise _err(file, "<top>", "a spec must be a YAML mapping", doc)
+    unknown = set(doc) - _TOP_KEYS
+    if unknown:
+        k = sorted(map(str, unknown))[0]
+        raise _err(file, k, f"unknown key (allowed: {sorted(_TOP_KEYS)})", doc, k)
+    for k in ("name", "template", "kernel_name", "params", "tunables", "rules", "launch", "args"):
+        if k not in doc:
+            raise _err(file, k, "required key is missing", doc)
+    for k in ("name", "template", "kernel_name"):
+        if not isinstance(doc[k], str) or not doc[k]:
+            raise _err(file, k, f"expected a non-empty string, got {doc[k]!r}", doc, k)
+    if not doc["kernel_name"].isidentifier():
+        raise _err(file, "kernel_name", "must be a C identifier", doc, "kernel_name")
+    template = doc["template"]
+    from .render import template_exists
+
+    if not template_exists(template):
+        raise _err(file, "template", f"no template named {template!r} in gdnjit/templates", doc, "template")
+    params = _values_table(doc, "params", file, required=True)
+    tunables = _values_table(doc, "tunables", file, required=True)
+    clash = set(dict(params)) & set(dict(tunables))
+    if clash:
+        raise _err(file, "tunables", f"names used as both param and tunable: {sorted(clash)}", doc, "tunables")
+    known = set(dict(params)) | set(dict(tunables))
+
+    derived_doc = doc.get("derived", LineDict())
+    if not isinstance(derived_doc, dict):
+        raise _err(file, "derived", "expected a mapping of name -> expression", doc, "derived")
+    derived = []
+    for name, e in derived_doc.items():
+        key = f"derived.{name}"
+        if not isinstance(name, str) or not name.isidentifier() or name in known:
+            raise _err(file, key, "must be a new identifier (not a param or tunable)", derived_doc, name)
+        text = _expr_str(e, file, key, derived_doc, name)
+        missing = _expr.names_in(text) - known
+        if missing:
+            raise _err(file, key, f"uses unknown names {sorted(missing)}", derived_doc, name)
+        derived.append((name, text))
+        known.add(name)
+
+    facts_doc = doc.get("facts", LineList())
+    if not isinstance(facts_doc, list) or not all(isinstance(f, str) and f.isidentifier() for f in facts_doc):
+        raise _err(file, "facts", "expected a list of identifiers", doc, "facts")
+    facts = tuple(facts_doc)
+    if set(facts) & known:
+        raise _err(file, "facts", f"fact names clash with params/tunables: {sorted(set(facts) & known)}", doc, "facts")
+
+    constraints = []
+    cons_doc = doc.get("constraints", LineList())
+    if not isinstance(cons_doc, list):
+        raise _err(file, "constraints", "expected a list of {expr, why}", doc, "constraints")
+    for i, c in enumerate(cons_doc):
+        key = f"constraints[{i}]"
+        if not isinstance(c, dict) or set(c) - {"expr", "why"} or "expr" not in c:
+            raise _err(file, key, "expected a mapping with keys expr (and why)", cons_doc, i)
+        text = _expr_str(c["expr"], file, key + ".expr", c, "expr")
+        missing = _expr.names_in(text) - known
+        if missing:
+            raise _err(file, key, f"uses unknown names {sorted(missing)}", cons_doc, i)
+        constraints.append(Constraint(text, str(c.get("why", "")), cons_doc.line_of(i)))
+
+    rules_doc = doc["rules"]
+    if not isinstance(rules_doc, list) or not rules_doc:
+        raise _err(file, "rules", "expected a non-empty list of rules", doc, "rules")
+    tunable_names = [n for n, _ in tunables]
+    rules = []
+    for i, r in enumerate(rules_doc):
+        key = f"rules[{i}]"
+        if not isinstance(r, dict) or set(r) - {"when", "use", "why"} or "use" not in r:
+            raise _err(file, key, "expected a mapping with keys use (and when, why)", rules_doc, i)
+        use = r["use"]
+        if not isinstance(use, dict) or set(use) != set(tunable_names):
+            raise _err(file, key + ".use", f"must set exactly the tunables {tunable_names}", r, "use")
+        for n, v in use.items():
+            if v not in dict(tunables)[n]:
+                raise _err(file, f"{key}.use.{n}", f"{v!r} is not an allowed value {list(dict(tunables)[n])}", use, n)
+        when = None
+        if r.get("when") is not None:
+            when = _expr_str(r["when"], file, key + ".when", r, "when")
+            missing = _expr.names_in(when) - known - set(facts)
+            if missing:
+                raise _err(file, key + ".when", f"uses unknown names {sorted(missing)}", r, "when")
+        rules.append(Rule(when, tuple((n, use[n]) for n in tunable_names), str(r.get("why", "")), rules_doc.line_of(i)))
+
+    launch_doc = doc["launch"]
+    if not isinstance(launch_doc, dict) or set(launch_doc) != {"grid", "block", "smem"}:
+        raise _err(file, "launch", "expected a mapping with exactly grid, block, smem", doc, "launch")
+    launch = []
+    for n in ("grid", "block", "smem"):
+        text = _expr_str(launch_doc[n], file, f"launch.{n}", launch_doc, n)
+        missing = _expr.names_in(text) - known - set(facts)
+        if missing:
+            raise _err(file, f"launch.{n}", f"uses unknown names {sorted(missing)}", launch_doc, n)
+        launch.append((n, text))
+
+    args_doc = doc["args"]
+    if not isinstance(args_doc, dict) or not args_doc:
+        raise _err(file, "args", "expected a non-empty mapping of name -> type", doc, "args")
+    for n, ty in args_doc.items():
+        if not isinstance(n, str) or not n.isidentifier() or ty not in ARG_TYPES:
+            raise _err(file, f"args.{n}", f"expected an identifier mapped to one of {ARG_TYPES}, got {ty!r}", args_doc, n)
+
+    spec = Spec(
+        name=doc["name"], description=str(doc.get("description", "")), template=template,
+        kernel_name=doc["kernel_name"], params=params, tunables=tunables, derived=tuple(derived),
+        constraints=tuple(constraints), facts=facts, rules=tuple(rules), launch=tuple(launch),
+        args=tuple(args_doc.items()), file=file,
+    )
+    _check_fallbacks(spec, rules_doc)
+    return spec
+
+
+def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
+    """Every combination of the params the constraints read must have a valid rule without ``when``,
+    so dispatch can never come up empty."""
+    fallbacks = [r for r in spec.rules if r.when is None]
+    if not fallbacks:
+        raise _err(spec.file, "rules", "needs at least one rule without `when` (the fallback)", rules_doc)
+    used: set[str] = set()
+    for c in spec.constraints:
+        used |= _expr.names_in(c.expr)
+    for _, e in spec.derived:
+        used |= _expr.names_in(e)
+    pnames = [n for n, _ in spec.params if n in used]
+    pvals = [dict(spec.params)[n] for n in pnames]
+    defaults = {n: v[0] for n, v in spec.params}
+    for combo in itertools.product(*pvals):
+        params = dict(defaults, **dict(zip(pnames, combo)))
+        if not any(not spec.violations(params, dict(r.use)) for r in fallbacks):
+            shown = ", ".join(f"{n}={v!r}" for n, v in zip(pnames, combo))
+            raise _err(spec.file, "rules", f"no fallback rule (without `when`) is valid for {shown}", rules_doc)
+
+
+def load_spec_file(path: str | Path) -> Spec:
+    """Load and validate one spec YAML file; raises SpecError naming file, line and key."""
+    path = Path(path)
+    return parse_spec(read_yaml_file(path), path.name if path.parent == SPEC_DIR else str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def get_spec(name: str) -> Spec:
+    """The shipped spec called ``name`` (file ``gdnjit/specs/<name>.yaml``)."""
+    path = SPEC_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"spec name: no shipped spec {name!r}; available: {list_specs()}")
+    spec = load_spec_file(path)
+    if spec.name != name:
+        raise SpecError(path.name, "name", f"must equal the file name {name!r}, got {spec.name!r}")
+    return spec
+
+
+def list_specs() -> list[str]:
+    """Names of the shipped specs."""
+    return sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))

@@ -1,0 +1,78 @@
+"""Argument checks shared by the op modules. Errors name the argument, what was expected, what came.
+
+TypeError for a wrong kind of object or dtype; ValueError for wrong shapes, strides, devices
+or values. Never ``assert`` (``python -O`` removes it).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+
+FLOAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+INDEX_NAMES = {torch.int32: "int32", torch.int64: "int64"}
+
+
+def tensor(name: str, x: Any, ndim: int | None = None) -> torch.Tensor:
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if ndim is not None and x.dim() != ndim:
+        raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
+def cuda_tensor(name: str, x: Any, ndim: int | None = None) -> torch.Tensor:
+    tensor(name, x, ndim)
+    if x.device.type != "cuda":
+        raise ValueError(f"{name}: expected a CUDA tensor, got one on {x.device}")
+    return x
+
+
+def same_device(name: str, x: torch.Tensor, device: torch.device) -> None:
+    if x.device != device:
+        raise ValueError(f"{name}: expected a tensor on {device} (like q), got one on {x.device}")
+
+
+def dtype_in(name: str, x: torch.Tensor, allowed: Iterable[torch.dtype]) -> None:
+    allowed = tuple(allowed)
+    if x.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "") for d in allowed)
+        raise TypeError(f"{name}: expected dtype {names}, got {str(x.dtype).replace('torch.', '')}")
+
+
+def shape_is(name: str, x: torch.Tensor, expected: tuple, what: str) -> None:
+    if tuple(x.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {what} = {tuple(expected)}, got {tuple(x.shape)}")
+
+
+def inner_contiguous(name: str, x: torch.Tensor) -> None:
+    if x.shape[-1] > 1 and x.stride(-1) != 1:
+        raise ValueError(f"{name}: the last dimension must be contiguous (stride 1), got strides {x.stride()}")
+
+
+def aligned(name: str, x: torch.Tensor, nbytes: int, strides_from: int = 0) -> None:
+    """Base address and the strides of dims >= ``strides_from`` (except the last) aligned to ``nbytes``."""
+    if x.numel() == 0:
+        return
+    if x.data_ptr() % nbytes:
+        raise ValueError(f"{name}: data pointer must be {nbytes}-byte aligned for vector loads, got {hex(x.data_ptr())}")
+    es = x.element_size()
+    for d in range(strides_from, x.dim() - 1):
+        if x.shape[d] > 1 and (x.stride(d) * es) % nbytes:
+            raise ValueError(
+                f"{name}: stride of dim {d} must be a multiple of {nbytes} bytes for vector loads, "
+                f"got strides {x.stride()} ({es}-byte elements)"
+            )
+
+
+def real_number(name: str, x: Any) -> float:
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise TypeError(f"{name}: expected a Python float, got {type(x).__name__}")
+    return float(x)
+
+
+def boolean(name: str, x: Any) -> bool:
+    if not isinstance(x, bool):
+        raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
+    return x

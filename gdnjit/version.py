@@ -1,0 +1,3 @@
+"""The package version (part of every cache key)."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,209 @@
+"""Case generation and checking for the GDN GPU tests (shared by the issue-2 grid and the matrix)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+
+from gdnjit.reference.gdn import gdn_reference
+
+DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    layout: str = "klast"
+    B: int = 3
+    T: int = 1
+    H: int = 2
+    ratio: int = 2  # HV // H
+    K: int = 128
+    V: int = 128
+    in_dtype: str = "bf16"
+    out_dtype: str | None = None  # None: let the op allocate (q's dtype)
+    state_dtype: str = "fp32"
+    dtb_dtype: str = "fp32"
+    pool: str = "direct"  # direct | pool | gaps (pool with gaps + padding rows) | split | strided
+    idx_dtype: str = "int32"
+    neg_write: bool = False  # split pool: some write indices negative
+    inter_dtype: str | None = None
+    cache_extra: int = 0  # cache_steps = T + cache_extra
+    ssm: str | None = None  # None | int32 | int64
+    update: bool = True
+    l2norm: bool = True
+    scale: float | None = None
+    api: str = "auto"  # auto: pretranspose (klast, T=1 or pool), mtp, decode (kmajor)
+
+    @property
+    def HV(self):
+        return self.H * self.ratio
+
+
+def _ulp_bf16(x: torch.Tensor) -> torch.Tensor:
+    e = torch.floor(torch.log2(x.abs().clamp(min=1e-30)))
+    return torch.pow(2.0, e - 7)
+
+
+def run_case(c: Case, seed: int) -> dict:
+    """Run one case on the GPU and compare everything against the float64 reference; returns errors."""
+    import gdnjit
+
+    dev = torch.device("cuda")
+    gen = torch.Generator(device=dev).manual_seed(seed)
+    B, T, H, HV, K, V = c.B, c.T, c.H, c.HV, c.K, c.V
+    ind = DT[c.in_dtype]
+
+    def rnd(*shape, dtype=torch.float32, scale=1.0):
+        return (torch.randn(*shape, generator=gen, device=dev) * scale).to(dtype)
+
+    q = rnd(B, T, H, K, dtype=ind)
+    k = rnd(B, T, H, K, dtype=ind)
+    v = rnd(B, T, HV, V, dtype=ind)
+    a = rnd(B, T, HV, dtype=ind)
+    b = rnd(B, T, HV, dtype=ind)
+    A_log = torch.log(torch.rand(HV, generator=gen, device=dev) * 15 + 1).float()
+    dt_bias = rnd(HV, dtype=DT[c.dtb_dtype])
+    if not c.l2norm:  # keep magnitudes sane without normalisation
+        q, k = (q.float() / math.sqrt(K)).to(ind), (k.float() / math.sqrt(K)).to(ind)
+    trailing = (HV, V, K) if c.layout == "klast" else (HV, K, V)
+    sdt = DT[c.state_dtype]
+    block = HV * V * K
+
+    direct = c.pool == "direct"
+    read_idx = write_idx = ssm = None
+    if direct:
+        n_slots = B
+    else:
+        n_slots = 2 * B + 3 + (B * T if c.ssm else 0)
+    slot_stride = block + (64 if c.pool == "strided" else 0)
+    backing = rnd(n_slots * slot_stride, scale=0.5).to(sdt)
+    pool = backing.as_strided((n_slots, *trailing), (slot_stride, trailing[1] * trailing[2], trailing[2], 1))
+    if not direct:
+        idt = DT_IDX[c.idx_dtype]
+        perm = torch.randperm(n_slots, generator=gen, device=dev)
+        read_idx = perm[:B].clone()
+        if c.pool in ("gaps", "split", "strided") and B > 1:
+            read_idx[torch.arange(B, device=dev) % 3 == 1] = -1  # padding rows
+        if c.pool == "split":
+            write_idx = perm[B:2 * B].clone()
+            if c.neg_write and B > 1:
+                write_idx[torch.arange(B, device=dev) % 4 == 2] = -1
+            write_idx = write_idx.to(idt)
+        read_idx = read_idx.to(idt)
+        if c.ssm:
+            ssm = perm[2 * B:2 * B + B * T].reshape(B, T).clone()
+            ssm[0, 0] = -1
+            ssm = ssm.to(DT_IDX[c.ssm])
+    backing_orig = backing.clone()
+    pool_orig = pool.clone()
+
+    inter = None
+    if c.inter_dtype:
+        inter = torch.full((B + 1, T + c.cache_extra, *trailing), float("nan"), device=dev, dtype=DT[c.inter_dtype])
+    output = None
+    if c.out_dtype:
+        output = torch.full((B, T, HV, V), float("nan"), device=dev, dtype=DT[c.out_dtype])
+
+    ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, pool_orig.double(), layout=c.layout, scale=c.scale,
+                        use_qk_l2norm=c.l2norm, read_indices=read_idx, write_indices=write_idx,
+                        intermediate=None if inter is None else inter.double(), ssm_state_indices=ssm,
+                        disable_state_update=not c.update)
+
+    # --- call ---
+    if c.layout == "kmajor":
+        out, ret = gdnjit.gated_delta_rule_decode(q, k, v, pool, A_log, a, dt_bias, b, scale=c.scale, output=output,
+                                                  use_qk_l2norm=c.l2norm)
+    elif c.api == "mtp" or (not direct and (inter is not None or ssm is not None or not c.update)):
+        out, ret = gdnjit.gated_delta_rule_mtp(q, k, v, pool, read_idx, A_log, a, dt_bias, b, scale=c.scale,
+                                               output=output, intermediate_states_buffer=inter,
+                                               ssm_state_indices=ssm, disable_state_update=not c.update,
+                                               use_qk_l2norm=c.l2norm, output_state_indices=write_idx)
+    elif direct:
+        out, ret = gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, pool, A_log, a, dt_bias, b, scale=c.scale,
+                                                               output=output, use_qk_l2norm=c.l2norm)
+    else:
+        out, ret = gdnjit.gated_delta_rule_decode_pretranspose(
+            q, k, v, None, A_log, a, dt_bias, b, scale=c.scale, output=output, use_qk_l2norm=c.l2norm,
+            initial_state=pool, initial_state_indices=read_idx, output_state_indices=write_idx)
+    torch.cuda.synchronize()
+    if ret is not pool:
+        raise AssertionError("the op must return the state/pool it updated in place")
+    if output is not None and out is not output:
+        raise AssertionError("the op must return the output tensor it was given")
+    if out.dtype != (DT[c.out_dtype] if c.out_dtype else ind):
+        raise AssertionError(f"output dtype {out.dtype}")
+
+    errs = {}
+    # Output: vs the reference rounded to the output dtype (one rounding), relative in norm.
+    ref_out = ref.output.to(out.dtype).double()
+    errs["out"] = _rel(out.double(), ref_out)
+    if torch.isnan(out).any():
+        errs["out"] = float("inf")
+
+    # State: written slots within tolerance, every other slot and the page gaps bit-exact.
+    written = set()
+    if c.update:
+        for n in range(B):
+            r = int(read_idx[n]) if read_idx is not None else n
+            if r < 0:
+                continue
+            if ssm is not None:
+                written |= {int(x) for x in ssm[n].tolist() if int(x) >= 0}
+            else:
+                w = r if write_idx is None else int(write_idx[n])
+                if w >= 0:
+                    written.add(w)
+    untouched = [s for s in range(n_slots) if s not in written]
+    if untouched and not torch.equal(pool[untouched], pool_orig[untouched]):
+        raise AssertionError("a slot that must not be written changed")
+    if c.pool == "strided":
+        gaps = backing.view(n_slots, slot_stride)[:, block:]
+        if not torch.equal(gaps, backing_orig.view(n_slots, slot_stride)[:, block:]):
+            raise AssertionError("bytes between page-strided slots changed")
+    if written:
+        wl = sorted(written)
+        errs["state"] = _state_err(pool[wl], ref.state[wl], c.state_dtype)
+    if inter is not None:
+        live = [n for n in range(B) if read_idx is None or int(read_idx[n]) >= 0]
+        got, exp = inter[live, :T], ref.intermediate[live, :T]
+        errs["inter"] = _state_err(got, exp, c.inter_dtype)
+        mask = torch.ones(inter.shape[:2], dtype=torch.bool, device=dev)
+        mask[live, :T] = False
+        if not torch.isnan(inter[mask].float()).all():
+            raise AssertionError("intermediate buffer written outside [live rows, :T]")
+    return errs
+
+
+DT_IDX = {"int32": torch.int32, "int64": torch.int64}
+
+
+def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:
+    denom = ref.norm().item()
+    return (x - ref).norm().item() / max(denom, 1e-30)
+
+
+def _state_err(got: torch.Tensor, ref: torch.Tensor, dtype: str) -> float:
+    """fp32: relative error in norm. bf16: worst |diff| in units of one bf16 ulp of the reference
+    (plus an absolute floor of 1e-4 of the rms for values from cancellation), so <= 1 passes."""
+    got, ref = got.double(), ref.double()
+    if torch.isnan(got).any():
+        return float("inf")
+    if dtype == "fp32":
+        return _rel(got, ref)
+    rms = ref.pow(2).mean().sqrt()
+    allowed = _ulp_bf16(ref) + 1e-4 * rms
+    return ((got - ref).abs() / allowed).max().item()
+
+
+def check(c: Case, errs: dict) -> None:
+    tol_state = 1e-3
+    for key, e in errs.items():
+        if key == "out":
+            limit = 1e-3 if c.state_dtype == "fp32" else 8e-3
+        else:
+            dtype = c.state_dtype if key == "state" else c.inter_dtype
+            limit = tol_state if dtype == "fp32" else 1.0
+        if not e <= limit:
+            raise AssertionError(f"{c}: {key} error {e:.3g} > {limit}")

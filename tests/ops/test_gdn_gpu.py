@@ -1,0 +1,221 @@
+"""GDN kernels on the GPU against the float64 reference (run on the device: pytest -m gpu).
+
+Every case draws fresh random inputs, poisons outputs (and the intermediate buffer) with NaN,
+compares output, written slots and the intermediate buffer with the reference, and requires
+every other slot (and the bytes between page-strided slots) to be bit-exactly untouched.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import random
+
+import pytest
+import torch
+
+from gdn_cases import Case, check, run_case
+
+pytestmark = pytest.mark.gpu
+
+# ---- issue 2: T=1, fp32 K-last, direct and pooled --------------------------------------------
+ISSUE2 = [
+    Case(B=B, ratio=r, pool=pool, l2norm=l2, in_dtype=ind, out_dtype=outd, idx_dtype=idx)
+    for B in (1, 3, 37, 128)
+    for r in (1, 2, 4)
+    for pool, idx in (("direct", "int32"), ("gaps", "int32"), ("gaps", "int64"))
+    for l2, ind, outd in ((True, "bf16", "fp32"), (False, "fp16", None))
+]
+
+
+@pytest.mark.parametrize("case", ISSUE2, ids=lambda c: f"B{c.B}-r{c.ratio}-{c.pool}-{c.idx_dtype}-l2{int(c.l2norm)}-{c.in_dtype}")
+def test_decode_t1_fp32_klast(case):
+    check(case, run_case(case, seed=hash(case) & 0xFFFF))
+
+
+# ---- issue 3: the sampled matrix -----------------------------------------------------------
+def _matrix(n: int, seed: int = 1234) -> list[Case]:
+    """A sampled grid in which every value of every axis appears (first a sweep per axis, then random)."""
+    rnd = random.Random(seed)
+    axes = {
+        "layout": ["klast", "kmajor"],
+        "state_dtype": ["fp32", "bf16"],
+        "T": [1, 2, 3, 4, 7, 8, 16],
+        "KV": [(64, 64), (128, 128), (256, 256), (64, 128), (128, 256), (256, 64)],
+        "pool": ["direct", "pool", "gaps", "split", "strided"],
+        "neg_write": [False, True],
+        "inter": [None, "fp32", "bf16"],
+        "ssm": [None, "int32", "int64"],
+        "update": [True, False],
+        "l2norm": [True, False],
+        "in_dtype": ["bf16", "fp16"],
+        "out_dtype": [None, "bf16", "fp16", "fp32"],
+        "dtb_dtype": ["fp32", "bf16", "fp16"],
+        "idx_dtype": ["int32", "int64"],
+        "B": [1, 3, 37, 130],
+        "ratio": [1, 2, 3, 4],
+        "cache_extra": [0, 3],
+    }
+
+    def make(choice: dict) -> Case | None:
+        layout = choice["layout"]
+        pool = choice["pool"]
+        if layout == "kmajor":  # K-major API is direct-state decode only
+            pool, choice = "direct", dict(choice, inter=None, ssm=None, update=True)
+        if pool == "direct":
+            choice = dict(choice, inter=None, ssm=None, update=True)
+        if choice["ssm"]:
+            choice = dict(choice, inter=None, update=True)
+            if pool == "split":
+                pool = "gaps"
+        if not choice["update"] and pool == "split":
+            pool = "gaps"
+        K, V = choice["KV"]
+        return Case(layout=layout, B=choice["B"], T=choice["T"], H=2 if choice["ratio"] < 3 else 1,
+                    ratio=choice["ratio"], K=K, V=V, in_dtype=choice["in_dtype"], out_dtype=choice["out_dtype"],
+                    state_dtype=choice["state_dtype"], dtb_dtype=choice["dtb_dtype"], pool=pool,
+                    idx_dtype=choice["idx_dtype"], neg_write=choice["neg_write"] and pool == "split",
+                    inter_dtype=choice["inter"], cache_extra=choice["cache_extra"], ssm=choice["ssm"],
+                    update=choice["update"], l2norm=choice["l2norm"],
+                    api="mtp" if (pool != "direct" and layout == "klast" and rnd.random() < 0.5) else "auto")
+
+    cases = []
+    for axis, values in axes.items():  # every axis value at least once
+        for val in values:
+            choice = {a: rnd.choice(v) for a, v in axes.items()}
+            choice[axis] = val
+            cases.append(make(choice))
+    while len(cases) < n:
+        cases.append(make({a: rnd.choice(v) for a, v in axes.items()}))
+    return list(dict.fromkeys(cases))
+
+
+MATRIX = _matrix(260)
+
+
+@pytest.mark.parametrize("case", MATRIX, ids=[f"m{i}" for i in range(len(MATRIX))])
+def test_matrix(case):
+    check(case, run_case(case, seed=random.Random(str(case)).randrange(1 << 30)))
+
+
+def test_matrix_covers_every_axis_value():
+    seen = {f.name: {getattr(c, f.name) for c in MATRIX} for f in dataclasses.fields(Case)}
+    assert seen["layout"] == {"klast", "kmajor"} and seen["state_dtype"] == {"fp32", "bf16"}
+    assert {1, 2, 3, 4, 7, 8, 16} <= seen["T"] and {64, 128, 256} <= seen["K"] and {64, 128, 256} <= seen["V"]
+    assert seen["pool"] == {"direct", "pool", "gaps", "split", "strided"} and True in seen["neg_write"]
+    assert {None, "fp32", "bf16"} <= seen["inter_dtype"] and {None, "int32", "int64"} <= seen["ssm"]
+    assert seen["update"] == {True, False} and seen["l2norm"] == {True, False}
+    assert {1, 3, 37, 130} <= seen["B"] and {1, 2, 3, 4} <= seen["ratio"]
+
+
+# ---- CUDA graphs, scale, large offsets --------------------------------------------------------
+def test_graph_capture_replays_with_new_inputs():
+    import gdnjit
+
+    torch.manual_seed(0)
+    B, H, HV, K, V = 5, 2, 4, 128, 128
+    dev = "cuda"
+    q = torch.randn(B, 1, H, K, device=dev, dtype=torch.bfloat16)
+    k = torch.randn_like(q)
+    v = torch.randn(B, 1, HV, V, device=dev, dtype=torch.bfloat16)
+    a = torch.randn(B, 1, HV, device=dev, dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    A_log = torch.rand(HV, device=dev)
+    dt_bias = torch.randn(HV, device=dev)
+    pool = torch.randn(9, HV, V, K, device=dev)
+    idx = torch.tensor([3, -1, 0, 7, 5], device=dev, dtype=torch.int32)
+    out = torch.empty(B, 1, HV, V, device=dev, dtype=torch.bfloat16)
+    args = (q, k, v, None, A_log, a, dt_bias, b)
+    kw = dict(output=out, initial_state=pool, initial_state_indices=idx)
+    gdnjit.gated_delta_rule_decode_pretranspose(*args, **kw)  # warm (compile, load) outside capture
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        gdnjit.gated_delta_rule_decode_pretranspose(*args, **kw)
+    from gdnjit.reference.gdn import gdn_reference
+
+    for _ in range(3):
+        for t in (q, k, v, a, b):
+            t.copy_(torch.randn_like(t))
+        before = pool.clone()
+        out.fill_(float("nan"))
+        g.replay()
+        torch.cuda.synchronize()
+        ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, before.double(), read_indices=idx)
+        err = (out.double() - ref.output.to(torch.bfloat16).double()).norm() / ref.output.norm()
+        assert err < 1e-3
+        assert ((pool.double() - ref.state).norm() / ref.state.norm()) < 1e-3
+
+
+def test_scale_is_runtime():
+    c1 = Case(B=3, pool="gaps", scale=0.37, out_dtype="fp32")
+    check(c1, run_case(c1, seed=5))
+    c2 = dataclasses.replace(c1, scale=1.9)
+    check(c2, run_case(c2, seed=6))
+
+
+def test_large_pool_offsets_past_2_31_bytes():
+    """9000 slots x HV=64 x 128 x 128 fp32 = 37.7 GB: slot offsets far past 2^31 elements and bytes."""
+    import gdnjit
+
+    dev = "cuda"
+    n_slots, HV, H, K, V, B = 9000, 64, 16, 128, 128, 4
+    pool = torch.empty(n_slots, HV, V, K, device=dev)
+    slots = torch.tensor([8999, 17, 4500, -1], device=dev, dtype=torch.int64)
+    for s in slots.tolist():
+        if s >= 0:
+            pool[s].normal_()
+    torch.manual_seed(1)
+    q = torch.randn(B, 1, H, K, device=dev, dtype=torch.bfloat16)
+    k = torch.randn_like(q)
+    v = torch.randn(B, 1, HV, V, device=dev, dtype=torch.bfloat16)
+    a = torch.randn(B, 1, HV, device=dev, dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    A_log = torch.rand(HV, device=dev)
+    dt_bias = torch.randn(HV, device=dev)
+    live = [0, 1, 2]
+    before = pool[slots[live]].clone()
+    out, _ = gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, None, A_log, a, dt_bias, b, initial_state=pool,
+                                                         initial_state_indices=slots)
+    from gdnjit.reference.gdn import gdn_reference
+
+    ref = gdn_reference(q[live], k[live], v[live], A_log, a[live], dt_bias, b[live], before.double(),
+                        read_indices=torch.arange(3, device=dev))
+    assert ((out[live].double() - ref.output.to(torch.bfloat16).double()).norm() / ref.output.norm()) < 1e-3
+    assert ((pool[slots[live]].double() - ref.state).norm() / ref.state.norm()) < 1e-3
+    assert (out[3] == 0).all()
+    del pool
+    torch.cuda.empty_cache()
+
+
+def test_intermediate_buffer_past_2_31_elements():
+    """fp32 intermediate buffer [300, 8, 64, 128, 128] = 2.5e9 elements (FlashInfer crashes here)."""
+    import gdnjit
+
+    dev = "cuda"
+    B, T, H, HV, K, V = 300, 8, 16, 64, 128, 128
+    inter = torch.empty(B, T, HV, V, K, device=dev)
+    inter[-1].fill_(float("nan"))
+    pool = torch.randn(B + 1, HV, V, K, device=dev)
+    idx = torch.arange(B, device=dev, dtype=torch.int32)
+    torch.manual_seed(2)
+    q = torch.randn(B, T, H, K, device=dev, dtype=torch.bfloat16)
+    k = torch.randn_like(q)
+    v = torch.randn(B, T, HV, V, device=dev, dtype=torch.bfloat16)
+    a = torch.randn(B, T, HV, device=dev, dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    A_log = torch.rand(HV, device=dev)
+    dt_bias = torch.randn(HV, device=dev)
+    before = pool.clone()
+    out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dt_bias, b, intermediate_states_buffer=inter,
+                                         disable_state_update=True)
+    torch.cuda.synchronize()
+    assert torch.equal(pool, before)
+    from gdnjit.reference.gdn import gdn_reference
+
+    n = B - 1  # the last row: its buffer offsets are past 2^31 elements
+    ref = gdn_reference(q[n:], k[n:], v[n:], A_log, a[n:], dt_bias, b[n:], before[n:n + 1].double(),
+                        intermediate=inter[n:].double() * 0, disable_state_update=True)
+    assert ((inter[n:].double() - ref.intermediate).norm() / ref.intermediate.norm()) < 1e-3
+    assert ((out[n:].double() - ref.output.to(torch.bfloat16).double()).norm() / ref.output.norm()) < 1e-3
+    del inter
+    torch.cuda.empty_cache()
