@@ -587,7 +587,8 @@ def main(argv=None):
     header = (f"{title}\ntorch {meta['torch']} (CUDA {meta['cuda_runtime']}), "
               f"triton {meta['triton']}, copy bandwidth {bw / 1e12:.2f} TB/s, "
               f"L2 {l2 / MiB:.0f} MiB\ncells: us per call (floor_us / us); "
-              f"fla/gdn = fla graph / gdn graph; flags: L2 = working set < 2x L2")
+              f"fla/gdn = fla graph / gdn graph; flags: L2 = working set < 2x L2, "
+              f"mtp = gdnjit via gated_delta_rule_mtp, CHECK = --check suspect, ERR = see output")
     if args.out:
         paths = bc.write_results(args.out, meta, records, TABLE_HEADERS + MD_EXTRA_HEADERS,
                                  md_rows(records), title=title, notes=notes.lines)
