@@ -1,0 +1,177 @@
+"""GDN API argument checks on the CPU: every bad argument gives the documented exception type with a
+message naming the argument, before any kernel could run (``_prepare(require_cuda=False)`` runs every
+check except the CUDA-device one on CPU tensors)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import gdnjit
+from gdnjit import gdn
+
+
+def make(B=3, T=1, H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, state_dtype=torch.float32, layout="klast"):
+    q = torch.randn(B, T, H, K, dtype=dtype)
+    k = torch.randn(B, T, H, K, dtype=dtype)
+    v = torch.randn(B, T, HV, V, dtype=dtype)
+    a = torch.randn(B, T, HV, dtype=dtype)
+    b = torch.randn(B, T, HV, dtype=dtype)
+    A_log = torch.rand(HV)
+    dt_bias = torch.randn(HV)
+    shape = (B, HV, V, K) if layout == "klast" else (B, HV, K, V)
+    state = torch.randn(*shape, dtype=state_dtype)
+    return dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, state=state)
+
+
+def prep(layout="klast", read_idx=None, write_idx=None, scale=None, output=None, inter=None, ssm=None, update=True,
+         l2norm=True, direct=True, pool=None, **over):
+    t = make(layout=layout)
+    t.update(over)
+    return gdn._prepare(layout, t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"],
+                        t["state"] if pool is None else pool, read_idx, write_idx, scale, output, inter, ssm,
+                        update, l2norm, direct, require_cuda=False)
+
+
+def test_valid_direct_and_pool_pass():
+    out, call = prep()
+    assert out.shape == (3, 1, 4, 128) and call is not None
+    pool = torch.randn(7, 4, 128, 128)
+    out, call = prep(direct=False, pool=pool, read_idx=torch.tensor([0, -1, 5], dtype=torch.int32))
+    params = dict(zip(gdnjit.spec.get_spec("gdn").param_names, call[0]))
+    assert params["pool"] is True and params["idx_dtype"] == "int32" and params["same_pool"] is True
+
+
+@pytest.mark.parametrize("over,exc,needle", [
+    (dict(q=[1, 2]), TypeError, "q: expected a torch.Tensor"),
+    (dict(q=torch.randn(3, 1, 2, 128)), TypeError, "q: expected dtype"),
+    (dict(q=torch.randn(3, 2, 128, dtype=torch.bfloat16)), ValueError, "q: expected 4 dimensions"),
+    (dict(q=torch.randn(3, 1, 2, 96, dtype=torch.bfloat16), k=torch.randn(3, 1, 2, 96, dtype=torch.bfloat16)),
+     ValueError, "q: head dim K"),
+    (dict(k=torch.randn(3, 1, 2, 128, dtype=torch.float16)), TypeError, "k: expected the dtype of q"),
+    (dict(k=torch.randn(3, 1, 1, 128, dtype=torch.bfloat16)), ValueError, "k: expected shape"),
+    (dict(v=torch.randn(3, 1, 4, 128, dtype=torch.float16)), TypeError, "v: expected the dtype of q"),
+    (dict(v=torch.randn(2, 1, 4, 128, dtype=torch.bfloat16)), ValueError, "v: expected shape [B=3"),
+    (dict(v=torch.randn(3, 1, 4, 100, dtype=torch.bfloat16)), ValueError, "v: head dim V"),
+    (dict(v=torch.randn(3, 1, 3, 128, dtype=torch.bfloat16)), ValueError, "multiple of H=2"),
+    (dict(a=torch.randn(3, 1, 4)), TypeError, "a: expected the dtype of q"),
+    (dict(b=torch.randn(3, 1, 5, dtype=torch.bfloat16)), ValueError, "b: expected shape"),
+    (dict(A_log=torch.rand(4, dtype=torch.float64)), TypeError, "A_log: expected dtype float32"),
+    (dict(A_log=torch.rand(5)), ValueError, "A_log: expected shape"),
+    (dict(dt_bias=torch.randn(4, dtype=torch.float64)), TypeError, "dt_bias: expected dtype"),
+    (dict(dt_bias=torch.randn(8)[::2]), ValueError, "dt_bias: expected a contiguous"),
+    (dict(state=torch.randn(3, 4, 128, 128, dtype=torch.float16)), TypeError, "state: expected dtype"),
+    (dict(state=torch.randn(4, 4, 128, 128)), ValueError, "state: expected shape"),
+    (dict(state=torch.randn(3, 4, 128, 128).transpose(2, 3)), ValueError, "state: each slot"),
+    (dict(scale="0.1"), TypeError, "scale: expected a Python float"),
+    (dict(scale=True), TypeError, "scale: expected a Python float"),
+    (dict(l2norm=1), TypeError, "use_qk_l2norm: expected a bool"),
+    (dict(output=torch.empty(3, 1, 4, 128, dtype=torch.float64)), TypeError, "output: expected dtype"),
+    (dict(output=torch.empty(3, 1, 4, 64, dtype=torch.bfloat16)), ValueError, "output: expected shape"),
+    (dict(output=torch.empty(3, 1, 128, 4, dtype=torch.bfloat16).transpose(2, 3)), ValueError, "output: the last"),
+])
+def test_argument_errors(over, exc, needle):
+    kwargs = {k: v for k, v in over.items() if k in ("scale", "output", "l2norm")}
+    tensors = {k: v for k, v in over.items() if k not in kwargs}
+    with pytest.raises(exc) as info:
+        prep(**kwargs, **tensors)
+    assert needle in str(info.value)
+
+
+def test_unaligned_and_strided_q():
+    base = torch.randn(3 * 1 * 2 * 128 + 1, dtype=torch.bfloat16)
+    q = base[1:].view(3, 1, 2, 128)  # 2-byte offset: not 16-byte aligned
+    with pytest.raises(ValueError, match="q: data pointer must be 16-byte aligned"):
+        prep(q=q)
+    q = torch.randn(3, 1, 2, 130, dtype=torch.bfloat16)[..., :128]  # row stride 130 elements = 260 bytes
+    with pytest.raises(ValueError, match="q: stride of dim"):
+        prep(q=q)
+    qkv = torch.randn(3, 1, 2, 3 * 128, dtype=torch.bfloat16)  # q/k slices of a fused projection are fine
+    out, call = prep(q=qkv[..., :128], k=qkv[..., 128:256])
+    assert call is not None
+
+
+def test_pool_errors():
+    pool = torch.randn(7, 4, 128, 128)
+    idx = torch.tensor([0, 1, 2], dtype=torch.int32)
+    with pytest.raises(TypeError, match="initial_state_indices: expected a torch.Tensor"):
+        prep(direct=False, pool=pool, read_idx=[0, 1, 2])
+    with pytest.raises(TypeError, match="initial_state_indices: expected dtype"):
+        prep(direct=False, pool=pool, read_idx=idx.float())
+    with pytest.raises(ValueError, match=r"initial_state_indices: expected shape \[B\]"):
+        prep(direct=False, pool=pool, read_idx=idx[:2])
+    with pytest.raises(TypeError, match="output_state_indices: expected the same dtype"):
+        prep(direct=False, pool=pool, read_idx=idx, write_idx=idx.long())
+    with pytest.raises(ValueError, match="initial_state: expected shape"):
+        prep(direct=False, pool=torch.randn(7, 4, 128, 64), read_idx=idx)
+    with pytest.raises(ValueError, match="slots overlap"):
+        prep(direct=False, pool=torch.randn(7 * 4 * 128 * 128).as_strided((7, 4, 128, 128), (100, 128 * 128, 128, 1)),
+             read_idx=idx)
+    with pytest.raises(ValueError, match="output_state_indices: has no effect with disable_state_update"):
+        prep(direct=False, pool=pool, read_idx=idx, write_idx=idx, update=False)
+
+
+def test_page_strided_pool_accepted():
+    backing = torch.randn(7, 4 * 128 * 128 + 64)
+    pool = backing.as_strided((7, 4, 128, 128), (4 * 128 * 128 + 64, 128 * 128, 128, 1))
+    out, call = prep(direct=False, pool=pool, read_idx=torch.tensor([6, 0, -1]))
+    assert call[2][13] == 4 * 128 * 128 + 64  # slot stride is a runtime argument
+
+
+def test_intermediate_and_ssm_errors():
+    pool = torch.randn(20, 4, 128, 128)
+    idx = torch.tensor([0, 1, 2])
+    good = torch.empty(3, 1, 4, 128, 128)
+    prep(direct=False, pool=pool, read_idx=idx, inter=good)
+    with pytest.raises(ValueError, match="intermediate_states_buffer: expected shape"):
+        prep(direct=False, pool=pool, read_idx=idx, inter=torch.empty(2, 1, 4, 128, 128))
+    with pytest.raises(ValueError, match="intermediate_states_buffer: expected a contiguous"):
+        prep(direct=False, pool=pool, read_idx=idx, inter=torch.empty(3, 1, 4, 128, 128).transpose(3, 4))
+    with pytest.raises(TypeError, match="intermediate_states_buffer: expected dtype"):
+        prep(direct=False, pool=pool, read_idx=idx, inter=good.half())
+    ssm = torch.tensor([[5], [6], [7]])
+    prep(direct=False, pool=pool, read_idx=idx, ssm=ssm)
+    with pytest.raises(ValueError, match="ssm_state_indices: cannot be combined"):
+        prep(direct=False, pool=pool, read_idx=idx, ssm=ssm, inter=good)
+    with pytest.raises(ValueError, match="ssm_state_indices: writes pool slots"):
+        prep(direct=False, pool=pool, read_idx=idx, ssm=ssm, update=False)
+    with pytest.raises(ValueError, match="ssm_state_indices: expected shape"):
+        prep(direct=False, pool=pool, read_idx=idx, ssm=ssm.T)
+    with pytest.raises(ValueError, match="ssm_state_indices: needs a state pool"):
+        prep(ssm=ssm)
+
+
+def test_kmajor_shapes():
+    out, call = prep(layout="kmajor")
+    assert call[0][0] == "kmajor"
+    with pytest.raises(ValueError, match=r"state: expected shape \[B, HV, K, V\]"):
+        t = make()
+        gdn._prepare("kmajor", t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"],
+                     torch.randn(3, 4, 128, 64), None, None, None, None, None, None, True, True, True,
+                     require_cuda=False)
+
+
+def test_zero_batch_launches_nothing():
+    t = make(B=0)
+    out, call = gdn._prepare("klast", t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"], t["state"],
+                             None, None, None, None, None, None, True, True, True, require_cuda=False)
+    assert call is None and out.shape == (0, 1, 4, 128)
+
+
+def test_public_api_errors_on_cpu_tensors():
+    t = make()
+    with pytest.raises(ValueError, match="q: expected a CUDA tensor"):
+        gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"],
+                                                    t["dt_bias"], t["b"])
+    with pytest.raises(ValueError, match="initial_state and initial_state_indices: must be passed together"):
+        gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], None, t["A_log"], t["a"], t["dt_bias"],
+                                                    t["b"], initial_state=t["state"])
+    with pytest.raises(ValueError, match="output_state_indices: needs pool mode"):
+        gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"],
+                                                    t["dt_bias"], t["b"], output_state_indices=torch.zeros(3))
+    with pytest.raises(ValueError, match="state: expected the direct state"):
+        gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], None, t["A_log"], t["a"], t["dt_bias"],
+                                                    t["b"])
+    with pytest.raises(TypeError, match="disable_state_update: expected a bool"):
+        gdnjit.gated_delta_rule_mtp(t["q"], t["k"], t["v"], t["state"], torch.zeros(3, dtype=torch.int32),
+                                    t["A_log"], t["a"], t["dt_bias"], t["b"], disable_state_update=None)
