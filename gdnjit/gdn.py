@@ -50,20 +50,49 @@ def _host_index_check(name: str, idx: torch.Tensor, pool_size: int) -> None:
         raise IndexError(f"{name}: index {int(idx.max())} is out of range for a pool of {pool_size} slots")
 
 
+_fast: dict = {}  # call signature -> (launcher, grid, output shape, static kernel args); see _run
+_FAST_MAX = 4096
+
+
 def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
          update: bool, l2norm: bool, direct: bool) -> torch.Tensor:
-    """Validate everything, then launch one kernel. ``pool`` is the direct state when ``direct``."""
-    output, call = _prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter,
-                            ssm, update, l2norm, direct)
-    if call is None:
-        return output
-    params, facts, values, dev = call
-    launcher, grid = kernels.resolve(get_spec("gdn"), params, facts, dev)
-    if torch.cuda.current_device() != dev:
-        with torch.cuda.device(dev):
-            launcher(grid, values)
+    """Validate, then launch one kernel. ``pool`` is the direct state when ``direct``.
+
+    Hot path: every check depends only on tensor metadata (shape, strides, dtype, device, pointer
+    alignment) and the flags, so a call whose signature was validated before skips straight to
+    gathering data pointers and launching. Anything new (or any non-tensor) takes the full path.
+    """
+    tensors = (q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm)
+    try:
+        ptrs = tuple(0 if x is None else x.data_ptr() for x in tensors)
+        sig = (layout, direct, update, l2norm, scale, (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15,
+               tuple(None if x is None else (x.shape, x.stride(), x.dtype, x.get_device()) for x in tensors))
+        hit = _fast.get(sig)
+    except (AttributeError, TypeError):  # a non-tensor argument: the full path reports it
+        hit = sig = None
+    if hit is not None:
+        launcher, grid, out_shape, dev, tail = hit
+        if output is None:
+            output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+            ptrs = ptrs[:10] + (output.data_ptr(),) + ptrs[11:]
     else:
-        launcher(grid, values)
+        output, call = _prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output,
+                                inter, ssm, update, l2norm, direct)
+        if call is None:
+            return output
+        params, facts, values, dev = call
+        launcher, grid = kernels.resolve(get_spec("gdn"), params, facts, dev)
+        tail = values[13:]
+        ptrs = values[:13]
+        if sig is not None and not get_config().check_indices:
+            if len(_fast) >= _FAST_MAX:
+                _fast.clear()
+            _fast[sig] = (launcher, grid, tuple(output.shape), dev, tail)
+    if torch._C._cuda_getDevice() != dev:
+        with torch.cuda.device(dev):
+            launcher(grid, ptrs + tail)
+    else:
+        launcher(grid, ptrs + tail)
     return output
 
 
@@ -216,10 +245,9 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
               _v.FLOAT_NAMES[dt_bias.dtype], not direct, idx_dtype, same_pool, inter_dtype, ssm_dtype, update, l2norm)
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
     values = (
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(), A_log.data_ptr(), dt_bias.data_ptr(),
-        output.data_ptr(), pool.data_ptr(),
-        0 if direct else read_idx.data_ptr(), 0 if write_idx is None else write_idx.data_ptr(),
-        0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(),
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(), b.data_ptr(),
+        pool.data_ptr(), 0 if direct else read_idx.data_ptr(), 0 if write_idx is None else write_idx.data_ptr(),
+        output.data_ptr(), 0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(),
         slot_stride, pool_size,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *a.stride(), *b.stride(), *output.stride()[:3],
         0 if inter is None else inter.stride(0), *((0, 0) if ssm is None else ssm.stride()),

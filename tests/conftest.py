@@ -35,3 +35,20 @@ def cache_config(tmp_path):
     _config.set_config(cfg)
     yield cfg
     _config.set_config(None)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Print (and with GDNJIT_TEST_REPORT=path, write) the worst GDN errors per quantity and dtype."""
+    import json
+    import os
+    import sys
+
+    mod = sys.modules.get("gdn_cases")
+    if mod is None or not mod.WORST:
+        return
+    lines = [f"  {k}: {v:.3g}" for k, v in sorted(mod.WORST.items())]
+    print("\nworst GDN errors (out/fp32 state: relative in norm; bf16 state: in bf16 ulps):\n" + "\n".join(lines))
+    path = os.environ.get("GDNJIT_TEST_REPORT")
+    if path:
+        with open(path, "w") as f:
+            json.dump(mod.WORST, f, indent=1, sort_keys=True)

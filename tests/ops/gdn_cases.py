@@ -197,8 +197,15 @@ def _state_err(got: torch.Tensor, ref: torch.Tensor, dtype: str) -> float:
     return ((got - ref).abs() / allowed).max().item()
 
 
+WORST: dict[str, float] = {}  # worst error per (quantity, dtype), for the run report
+
+
 def check(c: Case, errs: dict) -> None:
     tol_state = 1e-3
+    for key, e in errs.items():
+        dtype = {"out": c.out_dtype or c.in_dtype, "state": c.state_dtype, "inter": c.inter_dtype}[key]
+        tag = f"{key}[{dtype}, state {c.state_dtype}]"
+        WORST[tag] = max(WORST.get(tag, 0.0), e)
     for key, e in errs.items():
         if key == "out":
             limit = 1e-3 if c.state_dtype == "fp32" else 8e-3
