@@ -192,7 +192,10 @@ class DiskCache:
         bad = []
         for name, meta in self.list_entries():
             key = meta.get("key") if meta else None
-            entry, problem = read_entry(self.dir, name, key) if key else (None, "missing or unreadable sidecar")
+            if isinstance(key, str) and not name.endswith("-" + key[:32]):
+                entry, problem = None, "sidecar key does not match the entry name"
+            else:
+                entry, problem = read_entry(self.dir, name, key) if key else (None, "missing or unreadable sidecar")
             if entry is None:
                 bad.append((name, problem or "missing"))
                 if repair:
