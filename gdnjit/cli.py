@@ -1,4 +1,4 @@
-"""The ``gdnjit`` command line: warm, render, list, cache ls/clear/verify, spec validate/show."""
+"""The ``gdnjit`` command line: warm, render, list, cache ls/clear/verify/export/import, spec validate/show."""
 
 from __future__ import annotations
 
@@ -161,6 +161,17 @@ def cmd_cache(args) -> int:
                 if args.verbose:
                     print(f"     {meta.get('variant')}")
         return 0
+    if args.action in ("export", "import"):
+        if not args.file:
+            print(f"gdnjit cache {args.action}: needs FILE", file=sys.stderr)
+            return 2
+        if args.action == "export":
+            n = cache.export(Path(args.file))
+            print(f"exported {n} entries from {cache.dir} to {args.file}")
+            return 0
+        imported, skipped = cache.import_(Path(args.file))
+        print(f"imported {imported} entries into {cache.dir} ({skipped} invalid skipped)")
+        return 1 if skipped else 0
     if args.action == "clear":
         n = cache.clear()
         print(f"removed {n} files from {cache.dir}")
@@ -238,7 +249,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_list)
 
     p = sub.add_parser("cache", help="inspect or maintain the on-disk cache")
-    p.add_argument("action", choices=["ls", "clear", "verify"])
+    p.add_argument("action", choices=["ls", "clear", "verify", "export", "import"])
+    p.add_argument("file", nargs="?", help="export/import: the .tar.gz archive")
     p.add_argument("--repair", action="store_true", help="verify: delete bad entries")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(fn=cmd_cache)

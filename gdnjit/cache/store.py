@@ -15,6 +15,8 @@ import hashlib
 import json
 import logging
 import os
+import io
+import tarfile
 import tempfile
 import time
 from pathlib import Path
@@ -212,3 +214,49 @@ class DiskCache:
                     p.unlink(missing_ok=True)
                     n += 1
         return n
+
+    def export(self, path: Path) -> int:
+        """Write every valid entry (cubin + sidecar) to a ``.tar.gz`` at ``path``; returns the entry count."""
+        n = 0
+        with tarfile.open(path, "w:gz") as tar:
+            for name, meta in self.list_entries():
+                key = meta.get("key") if meta else None
+                entry, _ = read_entry(self.dir, name, key) if isinstance(key, str) else (None, None)
+                if entry is None or not name.endswith("-" + key[:32]):
+                    continue
+                for suffix in (".cubin", ".json"):
+                    tar.add(self.dir / f"{name}{suffix}", arcname=f"{name}{suffix}")
+                n += 1
+        return n
+
+    def import_(self, path: Path) -> tuple[int, int]:
+        """Add the entries of an exported archive to the writable dir (each verified, published
+        atomically); returns (imported, skipped as invalid)."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        files: dict[str, bytes] = {}
+        with tarfile.open(path, "r:gz") as tar:
+            for member in tar.getmembers():
+                base = os.path.basename(member.name)
+                if not member.isfile() or base != member.name or base.startswith(".") \
+                        or not base.endswith((".cubin", ".json")):
+                    continue  # only flat entry files: no paths, links or traversal
+                files[base] = tar.extractfile(member).read()
+        imported = skipped = 0
+        for fname in sorted(f for f in files if f.endswith(".json")):
+            name = fname[:-5]
+            try:
+                meta = json.loads(files[fname])
+                cubin = files[f"{name}.cubin"]
+                ok = (isinstance(meta, dict) and isinstance(meta.get("key"), str)
+                      and name.endswith("-" + meta["key"][:32]) and meta.get("format") == CACHE_FORMAT
+                      and len(cubin) == meta.get("cubin_size")
+                      and hashlib.sha256(cubin).hexdigest() == meta.get("cubin_sha256"))
+            except (ValueError, KeyError):
+                ok = False
+            if not ok:
+                skipped += 1
+                continue
+            _atomic_write(self.dir / f"{name}.cubin", cubin)
+            _atomic_write(self.dir / f"{name}.json", files[fname])
+            imported += 1
+        return imported, skipped
