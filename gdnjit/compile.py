@@ -10,7 +10,7 @@ import time
 from .errors import CompileError
 
 BASE_OPTIONS = ("-std=c++17", "--ptxas-options=-v", "-default-device", "--device-int128")
-_ARCH_RE = re.compile(r"^sm_(\d{2,3})([af]?)$")
+_ARCH_RE = re.compile(r"sm_(\d{2,3})([af]?)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,7 +26,7 @@ class CompileResult:
 
 def check_arch(arch: str) -> tuple[int, str]:
     """Validate an arch string like ``sm_90``/``sm_90a``/``sm_100a``; returns (number, suffix)."""
-    m = _ARCH_RE.match(str(arch))
+    m = _ARCH_RE.fullmatch(arch) if isinstance(arch, str) else None
     if not m:
         raise ValueError(f"arch: expected a target like 'sm_90' or 'sm_100a', got {arch!r}")
     return int(m.group(1)), m.group(2)

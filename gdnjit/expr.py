@@ -49,7 +49,7 @@ def evaluate(text: str, context: Mapping[str, Any]) -> Any:
         result = fn(**context)
     except jinja2.UndefinedError as e:
         raise ExprError(f"expression {text!r}: {e.message}") from None
-    except (TypeError, ZeroDivisionError, ValueError, jinja2.exceptions.SecurityError) as e:
+    except (TypeError, ArithmeticError, ValueError, jinja2.exceptions.SecurityError) as e:
         raise ExprError(f"expression {text!r}: {type(e).__name__}: {e}") from None
     if isinstance(result, jinja2.Undefined):
         raise ExprError(f"expression {text!r} evaluated to undefined")

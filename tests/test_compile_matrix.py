@@ -1,0 +1,173 @@
+"""Every variant the dispatcher can select (over a covering set of the ``gdn`` spec's params) and
+every fallback rule compiles for sm_90 with no spills, no stack frame and no warnings.
+
+Covering set: layout x K x V x state_dtype x T in {1, 8, 16}; the other params are drawn
+deterministically so that each of their values appears at least once; facts B in {1, 512},
+H=16, HV=64, num_sms=132. Variants are deduplicated and compiled directly (``Variant.build``,
+no cache) by a pool of 2 threads (NVRTC releases the GIL).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import itertools
+import random
+import time
+
+import pytest
+
+from gdnjit import dispatch
+from gdnjit.spec import get_spec
+from gdnjit.variant import Variant
+
+ARCH = "sm_90"
+AXES = ("layout", "K", "V", "state_dtype")
+T_VALUES = (1, 8, 16)
+FACTS = [{"B": B, "H": 16, "HV": 64, "num_sms": 132} for B in (1, 512)]
+MAX_STATIC_SMEM = 48 * 1024
+
+SPEC = get_spec("gdn")
+
+
+def covering_params() -> list[dict]:
+    """layout x K x V x state_dtype x T, other params spread so every value occurs (fixed seed)."""
+    axes = [SPEC.allowed(n) for n in AXES] + [T_VALUES]
+    combos = list(itertools.product(*axes))
+    others = [n for n in SPEC.param_names if n not in AXES and n != "T"]
+    rng = random.Random(20240601)
+    columns = {}
+    for n in others:
+        vals = SPEC.allowed(n)
+        col = [vals[i % len(vals)] for i in range(len(combos))]
+        rng.shuffle(col)
+        columns[n] = col
+    out = []
+    for i, combo in enumerate(combos):
+        p = dict(zip((*AXES, "T"), combo))
+        p.update({n: columns[n][i] for n in others})
+        out.append({n: p[n] for n in SPEC.param_names})
+    return out
+
+
+PARAMS = covering_params()
+
+
+def _variant(params: dict, tunables: dict) -> Variant:
+    return Variant.make(SPEC, params, tunables, ARCH)
+
+
+def _dedup(variants):
+    seen = {}
+    for v in variants:
+        seen.setdefault((v.params, v.tunables), v)
+    return list(seen.values())
+
+
+def dispatch_variants() -> list[Variant]:
+    out = []
+    for p in PARAMS:
+        for facts in FACTS:
+            tunables, _ = dispatch.select(SPEC, p, {f: facts[f] for f in SPEC.facts})
+            out.append(_variant(p, tunables))
+    return _dedup(out)
+
+
+def fallback_variants() -> tuple[list[Variant], list[tuple]]:
+    """Each fallback rule's tunables that are valid for (layout, K, V, state_dtype) at T in {1, max};
+    also the combinations no fallback serves (must be none)."""
+    fallbacks = [r for r in SPEC.rules if r.when is None]
+    base = {n: v[0] for n, v in SPEC.params}
+    out, uncovered = [], []
+    for combo in itertools.product(*(SPEC.allowed(n) for n in AXES)):
+        for T in (1, max(SPEC.allowed("T"))):
+            p = dict(base, **dict(zip(AXES, combo)), T=T)
+            valid = [dict(r.use) for r in fallbacks if not SPEC.violations(p, dict(r.use))]
+            if not valid:
+                uncovered.append((combo, T))
+            out += [_variant(p, t) for t in valid]
+    return _dedup(out), uncovered
+
+
+DISPATCH = dispatch_variants()
+FALLBACK, UNCOVERED = fallback_variants()
+
+
+@pytest.fixture(scope="module")
+def built():
+    """Compile the union of both sets once; {(params, tunables): meta or exception}."""
+    todo = _dedup(DISPATCH + FALLBACK)
+
+    def one(v: Variant):
+        try:
+            return v.build().meta
+        except Exception as e:  # noqa: BLE001 - reported per variant below
+            return e
+
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(one, todo))
+    elapsed = time.perf_counter() - t0
+    print(f"\ncompiled {len(todo)} variants in {elapsed:.1f} s")
+    return {(v.params, v.tunables): r for v, r in zip(todo, results)}
+
+
+def _problems(variants, built, spills: bool = True, others: bool = True) -> list[str]:
+    """One line per variant that failed to compile or (``others``) has no registers, too much static
+    smem or warnings, or (``spills``) spills or has a stack frame."""
+    bad = []
+    for v in variants:
+        r = built[(v.params, v.tunables)]
+        if isinstance(r, Exception):
+            bad.append(f"{v.describe()}: {type(r).__name__}: {str(r)[:2000]}")
+            continue
+        issues = []
+        if others and r["registers"] <= 0:
+            issues.append(f"registers={r['registers']}")
+        if spills and r["spill_bytes"] != 0:
+            issues.append(f"spill_bytes={r['spill_bytes']} (registers={r['registers']})")
+        if spills and r["stack_bytes"] != 0:
+            issues.append(f"stack_bytes={r['stack_bytes']}")
+        if others and r["smem_bytes"] > MAX_STATIC_SMEM:
+            issues.append(f"smem_bytes={r['smem_bytes']}")
+        if others and r["warnings"]:
+            issues.append(f"warnings={r['warnings']}")
+        if issues:
+            bad.append(f"{v.describe()}: {', '.join(issues)}")
+    return bad
+
+
+def test_covering_set_covers_every_value():
+    assert len(PARAMS) == 2 * 3 * 3 * 2 * len(T_VALUES)
+    for n, vals in SPEC.params:
+        seen = {p[n] for p in PARAMS}
+        expected = set(T_VALUES) if n == "T" else set(vals)
+        assert seen == expected, n
+    # deterministic: the same selection every time
+    assert covering_params() == PARAMS
+
+
+def test_sets_are_nonempty_and_distinct():
+    assert len(DISPATCH) >= 36
+    assert len({(v.params, v.tunables) for v in DISPATCH}) == len(DISPATCH)
+    assert len({v.key for v in DISPATCH}) == len(DISPATCH)
+    assert len(FALLBACK) >= 36
+
+
+def test_every_combination_has_a_fallback():
+    assert UNCOVERED == []
+
+
+def test_dispatch_variants_compile(built):
+    """Every selected variant compiles, with registers, static smem within 48 KB and no warnings."""
+    bad = _problems(DISPATCH, built, spills=False)
+    assert not bad, f"{len(bad)} of {len(DISPATCH)} dispatch variants:\n" + "\n".join(bad)
+
+
+def test_dispatch_variants_do_not_spill(built):
+    bad = _problems(DISPATCH, built, others=False)
+    assert not bad, f"{len(bad)} of {len(DISPATCH)} dispatch variants:\n" + "\n".join(bad)
+
+
+def test_fallback_variants_compile(built):
+    bad = _problems(FALLBACK, built)
+    assert not bad, f"{len(bad)} of {len(FALLBACK)} fallback variants:\n" + "\n".join(bad)

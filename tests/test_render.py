@@ -1,0 +1,274 @@
+"""Rendering (StrictUndefined, template hashes over includes) and NVRTC compilation
+(resource report, CompileError, ptxas log parsing, arch strings). CPU only: NVRTC needs no GPU."""
+
+from __future__ import annotations
+
+import pytest
+
+from gdnjit import compile as gcompile
+from gdnjit import dispatch
+from gdnjit import render as grender
+from gdnjit.errors import CompileError
+from gdnjit.render import CTYPES, RenderError
+from gdnjit.spec import get_spec
+from gdnjit.variant import Variant
+
+FACTS = {"B": 1, "H": 16, "HV": 64, "num_sms": 132}
+
+
+def make_variant(arch: str = "sm_90", **params) -> Variant:
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    p.update(params)
+    tunables, _ = dispatch.select(spec, p, FACTS)
+    return Variant.make(spec, p, tunables, arch)
+
+
+@pytest.fixture
+def fresh_template_hash():
+    """Clear template_hash's cache before and after (monkeypatched sources must not leak)."""
+    grender.template_hash.cache_clear()
+    yield
+    grender.template_hash.cache_clear()
+
+
+# ---- rendering -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["klast", "kmajor"])
+def test_render_variant(layout):
+    v = make_variant(layout=layout, K=128, V=128)
+    src = v.source()
+    assert 'extern "C"' in src
+    assert f"{v.spec.kernel_name}(const Args p)" in src
+    assert "struct Args {" in src
+    for name, ty in v.spec.args:
+        assert f"  {CTYPES[ty]} {name};\n" in src, (name, ty)
+    # the args appear in the struct in the spec's order
+    positions = [src.index(f" {name};\n") for name, _ in v.spec.args]
+    assert positions == sorted(positions)
+    assert "constexpr int K = 128;" in src and "constexpr int V = 128;" in src
+    assert f"layout={layout}" in src
+    # the prelude is inlined, and no template syntax is left
+    assert "typedef unsigned short u16;" in src and "template <int C> struct DT;" in src
+    assert "{%" not in src and "{{" not in src and "#include" not in src
+
+
+def test_render_is_deterministic():
+    assert make_variant().source() == make_variant().source()
+
+
+def test_render_values_differ():
+    a = make_variant(K=64).source()
+    b = make_variant(K=128).source()
+    assert a != b
+
+
+@pytest.mark.parametrize("missing", ["K", "tile_v", "kernel_name", "args", "num_warps", "state_dtype"])
+def test_render_missing_variable(missing):
+    values = dict(make_variant().values)
+    del values[missing]
+    with pytest.raises(RenderError) as ei:
+        grender.render("gdn.cu.j2", values)
+    msg = str(ei.value)
+    assert "gdn.cu.j2" in msg and f"'{missing}'" in msg
+
+
+def test_render_unknown_template():
+    with pytest.raises(RenderError, match="nope.cu.j2"):
+        grender.render("nope.cu.j2", {})
+    assert not grender.template_exists("nope.cu.j2")
+    assert grender.template_exists("gdn.cu.j2") and grender.template_exists("prelude.cuh.j2")
+
+
+# ---- template hashes ------------------------------------------------------------------------------
+
+
+def test_template_hash_stable(fresh_template_hash):
+    h = grender.template_hash("gdn.cu.j2")
+    assert len(h) == 64 and int(h, 16) >= 0
+    grender.template_hash.cache_clear()
+    assert grender.template_hash("gdn.cu.j2") == h
+    assert grender.template_hash("prelude.cuh.j2") != h
+
+
+@pytest.mark.parametrize("changed", ["prelude.cuh.j2", "gdn.cu.j2"])
+def test_template_hash_sees_includes(monkeypatch, fresh_template_hash, changed):
+    before = grender.template_hash("gdn.cu.j2")
+    key_before = make_variant().key
+    real = grender._source
+
+    def patched(name):
+        src = real(name)
+        return src + "\n// edited\n" if name == changed else src
+
+    monkeypatch.setattr(grender, "_source", patched)
+    grender.template_hash.cache_clear()
+    after = grender.template_hash("gdn.cu.j2")
+    assert after != before
+    assert make_variant().key != key_before  # the cache key follows the template hash
+    monkeypatch.undo()
+    grender.template_hash.cache_clear()
+    assert grender.template_hash("gdn.cu.j2") == before
+
+
+def test_template_hash_rejects_dynamic_include(monkeypatch, fresh_template_hash):
+    real = grender._source
+    monkeypatch.setattr(
+        grender, "_source", lambda name: "{% include some_name %}\n" if name == "gdn.cu.j2" else real(name)
+    )
+    with pytest.raises(RenderError, match="dynamic includes"):
+        grender.template_hash("gdn.cu.j2")
+
+
+# ---- NVRTC -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("layout", ["klast", "kmajor"])
+def test_compile_variant(layout):
+    v = make_variant(layout=layout, K=128, V=128)
+    built = v.build()
+    assert built.cubin[:4] == b"\x7fELF"
+    assert built.source == v.source()
+    meta = built.meta
+    assert meta["registers"] > 0
+    assert meta["spill_bytes"] == 0
+    assert meta["stack_bytes"] == 0
+    assert meta["warnings"] == []
+    assert meta["variant"] == v.describe()
+    assert meta["compile_s"] > 0
+
+
+def test_compile_cubin_result():
+    v = make_variant()
+    res = gcompile.compile_cubin(v.source(), "sm_90", v.spec.kernel_name)
+    assert res.registers > 0 and res.spill_bytes == 0 and res.stack_bytes == 0
+    assert f"'{v.spec.kernel_name}'" in res.log and "sm_90" in res.log
+    assert gcompile.warnings_in(res.log) == []
+    assert gcompile.parse_ptxas(res.log) == (res.registers, res.spill_bytes, res.stack_bytes, res.smem_bytes)
+
+
+def test_nvrtc_version():
+    major, minor = gcompile.nvrtc_version().split(".")
+    assert int(major) >= 12 and int(minor) >= 0
+
+
+BROKEN = """\
+extern "C" __global__ void broken(float* p) {
+  int x = ;
+  p[0] = x;
+}
+"""
+
+
+def test_compile_error():
+    with pytest.raises(CompileError) as ei:
+        gcompile.compile_cubin(BROKEN, "sm_90", "broken")
+    e = ei.value
+    assert isinstance(e, RuntimeError)
+    assert e.variant == "broken"
+    assert e.options == gcompile.options_for("sm_90")
+    assert "--gpu-architecture=sm_90" in e.options
+    assert "error" in e.log and "broken.cu(2)" in e.log
+    assert e.source == BROKEN
+    msg = str(e)
+    assert "broken" in msg and "--gpu-architecture=sm_90" in msg and e.log in msg
+    dump = e.dump()
+    assert "    1  extern \"C\" __global__ void broken(float* p) {" in dump
+    assert "    2    int x = ;" in dump
+    assert "    4  }" in dump
+    assert "// options: " + " ".join(e.options) in dump
+    assert dump.rstrip().endswith(e.log.rstrip())
+
+
+def test_compile_warning_is_reported():
+    src = 'extern "C" __global__ void w(int* p) { int unused_var; p[0] = 1; }\n'
+    res = gcompile.compile_cubin(src, "sm_90", "w")
+    # NVRTC may or may not warn about the unused variable; whatever it says, warnings_in agrees
+    assert gcompile.warnings_in(res.log) == [line for line in res.log.splitlines() if "warning" in line.lower()]
+
+
+REAL_LOG = (
+    "ptxas info    : 68 bytes gmem\n"
+    "ptxas info    : Compiling entry function 'gdn_step' for 'sm_90'\n"
+    "ptxas info    : Function properties for gdn_step\n"
+    "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+    "ptxas info    : Used 48 registers, used 0 barriers\n"
+    "ptxas info    : Compile time = 26.433 ms\n"
+)
+
+MULTI_LOG = """\
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'a' for 'sm_90'
+ptxas info    : Function properties for a
+    16 bytes stack frame, 8 bytes spill stores, 12 bytes spill loads
+ptxas info    : Used 255 registers, used 1 barriers, 1024 bytes smem, 400 bytes cmem[0]
+ptxas info    : Compiling entry function 'b' for 'sm_90'
+ptxas info    : Function properties for b
+    0 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads
+ptxas info    : Used 32 registers, 2048 bytes smem, 400 bytes cmem[0]
+"""
+
+
+@pytest.mark.parametrize(
+    "log,expected",
+    [
+        (REAL_LOG, (48, 0, 0, 0)),
+        (MULTI_LOG, (255, 28, 16, 2048)),
+        ("", (0, 0, 0, 0)),
+        ("ptxas info    : Used 7 registers, 16384 bytes smem\n", (7, 0, 0, 16384)),
+        ("    0 bytes stack frame, 0 bytes spill stores, 100 bytes spill loads\n", (0, 100, 0, 0)),
+    ],
+)
+def test_parse_ptxas(log, expected):
+    assert gcompile.parse_ptxas(log) == expected
+
+
+def test_warnings_in():
+    log = "ptxas info    : Used 1 registers\nfoo.cu(3): warning #177-D: variable \"x\" was declared but never referenced\n"
+    assert gcompile.warnings_in(log) == ['foo.cu(3): warning #177-D: variable "x" was declared but never referenced']
+    assert gcompile.warnings_in(REAL_LOG) == []
+
+
+# ---- arch strings ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "arch,expected",
+    [("sm_90", (90, "")), ("sm_90a", (90, "a")), ("sm_100a", (100, "a")), ("sm_120f", (120, "f")), ("sm_80", (80, ""))],
+)
+def test_check_arch_ok(arch, expected):
+    assert gcompile.check_arch(arch) == expected
+    assert gcompile.options_for(arch)[0] == f"--gpu-architecture={arch}"
+
+
+@pytest.mark.parametrize(
+    "arch",
+    ["sm90", "90", "sm_9", "sm_1000", "compute_90", "sm_90x", "sm_90aa", "SM_90", "", " sm_90", "sm_", None, 90],
+)
+def test_check_arch_errors(arch):
+    with pytest.raises(ValueError, match="arch: expected a target like"):
+        gcompile.check_arch(arch)
+    with pytest.raises(ValueError):
+        gcompile.options_for(arch)
+
+
+def test_check_arch_trailing_newline():
+    with pytest.raises(ValueError):
+        gcompile.check_arch("sm_90\n")
+
+
+def test_variant_rejects_bad_arch():
+    with pytest.raises(ValueError, match="arch"):
+        make_variant(arch="sm90")
+
+
+def test_variant_rejects_invalid_tunables():
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    t = {n: v[0] for n, v in spec.tunables}
+    t.update(lanes_per_row=32, tile_v=128)
+    with pytest.raises(ValueError, match="invalid for"):
+        Variant.make(spec, p, t, "sm_90")
+    with pytest.raises(ValueError, match="params must be exactly"):
+        Variant.make(spec, {"K": 64}, t, "sm_90")

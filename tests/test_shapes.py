@@ -1,0 +1,332 @@
+"""Shapes files: the shipped ones load by name, name without ``.yaml`` and path; problems carry
+heads divided by the tensor-parallel degree; every error names file, key and line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gdnjit.errors import SpecError
+from gdnjit.shapes import SHAPES_DIR, Problem, iter_facts, load_shapes, resolve_path, shipped_shapes
+from gdnjit.spec import get_spec
+
+SHIPPED = ["qwen35.yaml", "qwen3_next.yaml"]
+QWEN35 = (SHAPES_DIR / "qwen35.yaml").read_text()
+
+
+def line_of(text: str, pattern: str) -> int:
+    """1-based number of the first line matching the regex ``pattern``."""
+    for i, line in enumerate(text.splitlines(), 1):
+        if re.search(pattern, line):
+            return i
+    raise AssertionError(f"{pattern!r} not in text")
+
+
+def write(tmp_path: Path, text: str, name: str = "shapes.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def dump(doc: dict) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=1000)
+
+
+def shapes_error(tmp_path: Path, text: str, key: str, line: int | None) -> SpecError:
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as ei:
+        load_shapes(path)
+    e = ei.value
+    msg = str(e)
+    assert e.file == str(path) and str(path) in msg
+    assert e.key == key, msg
+    assert f": {key}: " in msg, msg
+    if line is not None:
+        assert e.line == line, msg
+        assert msg.startswith(f"{path}:{line}: "), msg
+    return e
+
+
+def small_doc() -> dict:
+    """A small valid shapes document."""
+    return {
+        "name": "small",
+        "description": "test",
+        "models": {"m": {"H": 16, "HV": 32, "K": 128, "V": 128}},
+        "tp": [1, 2],
+        "batch_sizes": [1, 64],
+        "defaults": {
+            "in_dtype": "bf16", "out_dtype": "bf16", "dtb_dtype": "fp32", "idx_dtype": "int32",
+            "same_pool": True, "inter_dtype": "none", "ssm_idx_dtype": "none", "update": True, "l2norm": True,
+        },
+        "calls": [{"name": "decode", "spec": "gdn", "params": {"layout": "klast", "T": 1, "state_dtype": ["fp32", "bf16"], "pool": True}}],
+    }
+
+
+# ---- shipped files ------------------------------------------------------------------------------
+
+
+def test_shipped_list():
+    assert shipped_shapes() == sorted(p.name for p in SHAPES_DIR.glob("*.yaml"))
+    assert set(SHIPPED) <= set(shipped_shapes())
+
+
+@pytest.mark.parametrize("fname", SHIPPED)
+def test_shipped_load_by_name_stem_and_path(fname):
+    stem = fname[: -len(".yaml")]
+    by_name = load_shapes(fname)
+    assert by_name
+    assert load_shapes(stem) == by_name
+    assert load_shapes(SHAPES_DIR / fname) == by_name
+    assert load_shapes(str(SHAPES_DIR / fname)) == by_name
+    assert resolve_path(stem) == resolve_path(fname) == SHAPES_DIR / fname
+
+
+def test_load_by_path_copy(tmp_path):
+    p = write(tmp_path, QWEN35, "copy.yaml")
+    assert load_shapes(p) == load_shapes("qwen35")
+
+
+@pytest.mark.parametrize("fname", SHIPPED)
+def test_shipped_problems(fname):
+    doc = yaml.safe_load((SHAPES_DIR / fname).read_text())
+    problems = load_shapes(fname)
+    spec = get_spec("gdn")
+    # one problem per model x tp x (product of each call's list-valued params)
+    n_combos = 0
+    for call in doc["calls"]:
+        k = 1
+        for v in call["params"].values():
+            k *= len(v) if isinstance(v, list) else 1
+        n_combos += k
+    assert len(problems) == len(doc["models"]) * len(doc["tp"]) * n_combos
+    for pr in problems:
+        assert isinstance(pr, Problem)
+        dims = doc["models"][pr.model]
+        assert pr.tp in doc["tp"]
+        assert pr.H == dims["H"] // pr.tp and pr.HV == dims["HV"] // pr.tp
+        assert pr.H * pr.tp == dims["H"] and pr.HV * pr.tp == dims["HV"]
+        params = dict(pr.params)
+        assert tuple(params) == spec.param_names
+        spec.check_params(params)
+        assert params["K"] == dims["K"] and params["V"] == dims["V"]
+        assert pr.batch_sizes == tuple(doc["batch_sizes"])
+        assert pr.spec == "gdn"
+        assert pr.call in {c["name"] for c in doc["calls"]}
+    # every tp degree occurs for every model
+    assert {(p.model, p.tp) for p in problems} == {(m, t) for m in doc["models"] for t in doc["tp"]}
+
+
+def test_qwen35_heads_divided_by_tp():
+    problems = load_shapes("qwen35")
+    big = {(p.tp, p.H, p.HV) for p in problems if p.model == "qwen3.5-397b-a17b"}
+    assert big == {(1, 16, 64), (2, 8, 32), (4, 4, 16), (8, 2, 8)}
+    small = {(p.tp, p.HV) for p in problems if p.model == "qwen3.5-35b-a3b"}
+    assert small == {(1, 32), (2, 16), (4, 8), (8, 4)}
+
+
+def test_iter_facts():
+    pr = load_shapes("qwen3_next")[0]
+    facts = list(iter_facts(pr, 132))
+    assert [f["B"] for f in facts] == list(pr.batch_sizes)
+    assert all(f == {"B": f["B"], "H": pr.H, "HV": pr.HV, "num_sms": 132} for f in facts)
+
+
+def test_small_doc_valid(tmp_path):
+    problems = load_shapes(write(tmp_path, dump(small_doc())))
+    assert len(problems) == 1 * 2 * 2
+    assert {dict(p.params)["state_dtype"] for p in problems} == {"fp32", "bf16"}
+    assert {(p.tp, p.H, p.HV) for p in problems} == {(1, 16, 32), (2, 8, 16)}
+
+
+def test_call_params_override_defaults(tmp_path):
+    doc = small_doc()
+    doc["calls"][0]["params"]["out_dtype"] = "fp32"
+    problems = load_shapes(write(tmp_path, dump(doc)))
+    assert {dict(p.params)["out_dtype"] for p in problems} == {"fp32"}
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+def test_unknown_file():
+    with pytest.raises(ValueError, match="no file 'nope.yaml'") as ei:
+        resolve_path("nope.yaml")
+    assert "qwen35.yaml" in str(ei.value)
+    with pytest.raises(ValueError):
+        load_shapes("nope")
+
+
+def test_bad_yaml(tmp_path):
+    text = QWEN35.replace("tp: [1, 2, 4, 8]", "tp: [1, 2, 4, 8")
+    e = shapes_error(tmp_path, text, "<yaml>", None)
+    assert e.line is not None
+
+
+def test_not_a_mapping(tmp_path):
+    shapes_error(tmp_path, "- a\n", "<top>", 1)
+
+
+def test_unknown_top_key(tmp_path):
+    text = QWEN35 + "bogus: 1\n"
+    e = shapes_error(tmp_path, text, "bogus", len(QWEN35.splitlines()) + 1)
+    assert "unknown key" in e.reason
+
+
+@pytest.mark.parametrize("key", ["models", "tp", "batch_sizes", "calls"])
+def test_missing_key(tmp_path, key):
+    doc = small_doc()
+    del doc[key]
+    e = shapes_error(tmp_path, dump(doc), key, 1)
+    assert "required key is missing" in e.reason
+
+
+def test_optional_keys(tmp_path):
+    doc = small_doc()
+    for k in ("name", "description"):
+        del doc[k]
+    assert load_shapes(write(tmp_path, dump(doc)))
+
+
+@pytest.mark.parametrize(
+    "dims",
+    [
+        "{H: 16, HV: 64, K: 128}",  # missing V
+        "{H: 16, HV: 64, K: 128, V: 128, W: 1}",  # extra key
+        "{H: 0, HV: 64, K: 128, V: 128}",
+        "{H: -16, HV: 64, K: 128, V: 128}",
+        "{H: 16, HV: 64.0, K: 128, V: 128}",
+        "{H: 16, HV: '64', K: 128, V: 128}",
+        "{H: true, HV: 64, K: 128, V: 128}",
+        "[16, 64, 128, 128]",
+        "64",
+    ],
+)
+def test_bad_model_dims(tmp_path, dims):
+    pat = r"^\s+qwen3\.5-122b-a10b:"
+    text = re.sub(r"(?m)^(\s+qwen3\.5-122b-a10b:).*$", r"\1 " + dims, QWEN35)
+    e = shapes_error(tmp_path, text, "models.qwen3.5-122b-a10b", line_of(QWEN35, pat))
+    assert "positive integers" in e.reason
+
+
+def test_model_dim_not_supported_by_spec(tmp_path):
+    pat = r"^\s+qwen3\.5-27b:"
+    text = re.sub(r"(?m)^(\s+qwen3\.5-27b:).*$", r"\1 {H: 16, HV: 48, K: 96, V: 128}", QWEN35)
+    e = shapes_error(tmp_path, text, "models.qwen3.5-27b", line_of(QWEN35, pat))
+    assert "K=96 not supported" in e.reason
+
+
+def test_hv_not_multiple_of_h(tmp_path):
+    pat = r"^\s+qwen3\.5-27b:"
+    text = re.sub(r"(?m)^(\s+qwen3\.5-27b:).*$", r"\1 {H: 16, HV: 40, K: 128, V: 128}", QWEN35)
+    e = shapes_error(tmp_path, text, "models.qwen3.5-27b", line_of(QWEN35, pat))
+    assert "HV=40 must be a multiple of H=16" in e.reason
+
+
+@pytest.mark.parametrize("value", ["[]", "3", "[1, 0]", "[1, -2]", "[1, 2.0]", "[true]", "[1, '2']"])
+@pytest.mark.parametrize("key", ["tp", "batch_sizes"])
+def test_bad_int_lists(tmp_path, key, value):
+    text = re.sub(rf"(?m)^{key}:.*$", f"{key}: {value}", QWEN35)
+    e = shapes_error(tmp_path, text, key, line_of(QWEN35, rf"^{key}:"))
+    assert "positive integers" in e.reason
+
+
+def test_tp_not_dividing_heads(tmp_path):
+    # 3 divides HV=48 of qwen3.5-27b but no H=16
+    text = re.sub(r"(?m)^tp:.*$", "tp: [1, 3]", QWEN35)
+    e = shapes_error(tmp_path, text, "tp", line_of(QWEN35, r"^tp:"))
+    assert "degree 3 does not divide" in e.reason
+
+
+def test_tp_divides_hv_but_not_h(tmp_path):
+    doc = small_doc()
+    doc["models"] = {"odd": {"H": 2, "HV": 8, "K": 128, "V": 128}}
+    doc["tp"] = [1, 4]
+    text = dump(doc)
+    e = shapes_error(tmp_path, text, "tp", line_of(text, r"^tp:"))
+    assert "degree 4" in e.reason and "odd" in e.reason and "H=2" in e.reason
+
+
+def test_defaults_not_a_mapping(tmp_path):
+    doc = small_doc()
+    doc["defaults"] = ["bf16"]
+    text = dump(doc)
+    shapes_error(tmp_path, text, "defaults", line_of(text, r"^defaults:"))
+
+
+@pytest.mark.parametrize("value", [[], {}, "x"])
+def test_calls_not_a_list(tmp_path, value):
+    doc = small_doc()
+    doc["calls"] = value
+    text = dump(doc)
+    shapes_error(tmp_path, text, "calls", line_of(text, r"^calls:"))
+
+
+@pytest.mark.parametrize(
+    "call",
+    [{"spec": "gdn", "params": {}}, {"name": "x", "params": {}}, {"name": "x", "spec": "gdn", "bogus": 1}, "decode"],
+)
+def test_bad_call_shape(tmp_path, call):
+    doc = small_doc()
+    doc["calls"].append(call)
+    text = dump(doc)
+    last_item = max(i for i, line in enumerate(text.splitlines(), 1) if line.startswith("- "))
+    shapes_error(tmp_path, text, "calls[1]", last_item)
+
+
+def test_unknown_spec(tmp_path):
+    text = QWEN35.replace("    spec: gdn\n", "    spec: nope\n", 1)
+    e = shapes_error(tmp_path, text, "calls[0].spec", line_of(QWEN35, r"^\s+spec: gdn"))
+    assert "no shipped spec 'nope'" in e.reason
+
+
+def _verify_params_line(text: str) -> int:
+    return line_of(text, r"^\s+params: \{layout: klast, T: \[2, 3")
+
+
+def test_unknown_params(tmp_path):
+    text = QWEN35.replace("update: false}", "update: false, warp_size: 32}", 1)
+    e = shapes_error(tmp_path, text, "calls[1].params", _verify_params_line(QWEN35))
+    assert "unknown params ['warp_size']" in e.reason
+
+
+def test_unknown_default_param(tmp_path):
+    doc = small_doc()
+    doc["defaults"]["bogus"] = 1
+    text = dump(doc)
+    e = shapes_error(tmp_path, text, "calls[0].params", line_of(text, r"^\s+params:"))
+    assert "['bogus']" in e.reason
+
+
+def test_missing_params(tmp_path):
+    text = re.sub(r"(?m)^  l2norm: true\n", "", QWEN35)
+    e = shapes_error(tmp_path, text, "calls[0].params", line_of(text, r"^\s+params: \{layout: klast, T: 1"))
+    assert "missing params ['l2norm']" in e.reason
+
+
+VERIFY = "layout: klast, T: [2, 3, 4, 5, 6, 7, 8], state_dtype: fp32"
+
+
+@pytest.mark.parametrize(
+    "new,name,shown",
+    [
+        ("layout: klast, T: [2, 3, 4, 5, 6, 7, 8, 17], state_dtype: fp32", "T", "17"),
+        ("layout: klast, T: [2, 3, 4, 5, 6, 7, 8], state_dtype: fp64", "state_dtype", "'fp64'"),
+        ("layout: rowmajor, T: [2, 3, 4, 5, 6, 7, 8], state_dtype: fp32", "layout", "'rowmajor'"),
+        ("layout: klast, T: ['2'], state_dtype: fp32", "T", "'2'"),
+    ],
+)
+def test_disallowed_param(tmp_path, new, name, shown):
+    assert QWEN35.count(VERIFY) == 1
+    text = QWEN35.replace(VERIFY, new)
+    e = shapes_error(tmp_path, text, f"calls[1].params.{name}", _verify_params_line(QWEN35))
+    assert f"{shown} is not allowed by spec gdn" in e.reason
+
+
+def test_disallowed_default(tmp_path):
+    text = QWEN35.replace("  in_dtype: bf16\n", "  in_dtype: fp8\n", 1)
+    e = shapes_error(tmp_path, text, "calls[0].params.in_dtype", None)
+    assert "'fp8'" in e.reason

@@ -1,0 +1,792 @@
+"""Kernel specs: the shipped spec loads; every validation error names file, key path and line;
+expressions are sandboxed; ``Spec.violations``; the dispatcher's rule order and ``explain``."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gdnjit import dispatch
+from gdnjit import expr as gexpr
+from gdnjit.errors import SpecError
+from gdnjit.spec import SPEC_DIR, Spec, get_spec, list_specs, load_spec_file
+
+GDN_TEXT = (SPEC_DIR / "gdn.yaml").read_text()
+GDN_LINES = GDN_TEXT.splitlines()
+FACTS = {"B": 1, "H": 16, "HV": 64, "num_sms": 132}
+
+
+# ---- helpers ------------------------------------------------------------------------------
+# gdn.yaml evolves; the mutations below find their lines by structure (plain text search, not the
+# loader under test) so they keep pointing at the intended key.
+
+
+def line_of(text: str, needle: str, start: int = 1) -> int:
+    """1-based number of the first line (at or after ``start``) containing ``needle``."""
+    for i, line in enumerate(text.splitlines(), 1):
+        if i >= start and needle in line:
+            return i
+    raise AssertionError(f"{needle!r} not in text")
+
+
+def section(text: str, top: str) -> tuple[int, int]:
+    """(first, last) line numbers of the top-level block ``top:`` (last: before the next top key)."""
+    lines = text.splitlines()
+    first = next(i for i, line in enumerate(lines, 1) if re.match(rf"{re.escape(top)}:", line))
+    last = first
+    for i in range(first + 1, len(lines) + 1):
+        if re.match(r"[A-Za-z_]", lines[i - 1]):
+            break
+        last = i
+    return first, last
+
+
+def key_line(text: str, top: str, key: str) -> int:
+    """Line of ``key:`` directly inside the top-level block ``top``."""
+    first, last = section(text, top)
+    lines = text.splitlines()
+    for i in range(first + 1, last + 1):
+        if re.match(rf"\s+{re.escape(key)}:", lines[i - 1]):
+            return i
+    raise AssertionError(f"no {top}.{key} in text")
+
+
+def item_lines(text: str, top: str) -> list[int]:
+    """Lines of the ``- `` items of the top-level list ``top``."""
+    first, last = section(text, top)
+    lines = text.splitlines()
+    return [i for i in range(first + 1, last + 1) if re.match(r"\s*- ", lines[i - 1])]
+
+
+def item_key_line(text: str, top: str, index: int, key: str) -> int:
+    """Line of ``key:`` within item ``index`` of the top-level list ``top``."""
+    items = item_lines(text, top) + [section(text, top)[1] + 1]
+    lines = text.splitlines()
+    for i in range(items[index], items[index + 1]):
+        if re.match(rf"\s*(- )?{re.escape(key)}:", lines[i - 1]):
+            return i
+    raise AssertionError(f"no {top}[{index}].{key} in text")
+
+
+def set_line(text: str, lineno: int, new: str) -> str:
+    """Replace line ``lineno``'s content after its indentation (and a leading ``- `` if any)."""
+    lines = text.splitlines()
+    m = re.match(r"(\s*(- )?)", lines[lineno - 1])
+    lines[lineno - 1] = m.group(1) + new
+    return "\n".join(lines) + "\n"
+
+
+def replace_line(text: str, old: str, new: str) -> str:
+    """Replace the one line that equals ``old`` (stripped) with ``new`` (indentation kept)."""
+    lines = text.splitlines()
+    hits = [i for i, line in enumerate(lines) if line.strip() == old]
+    assert len(hits) == 1, f"{old!r} matches {len(hits)} lines"
+    i = hits[0]
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    lines[i] = indent + new
+    return "\n".join(lines) + "\n"
+
+
+def flow(mapping: dict) -> str:
+    return yaml.safe_dump(mapping, default_flow_style=True, sort_keys=False, width=1000).strip()
+
+
+def write(tmp_path: Path, text: str, name: str = "bad.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def spec_error(tmp_path: Path, text: str, key: str, line: int | None) -> SpecError:
+    """Load ``text`` from a temp file; assert SpecError naming the file, ``key`` and ``line``."""
+    path = write(tmp_path, text)
+    with pytest.raises(SpecError) as ei:
+        load_spec_file(path)
+    e = ei.value
+    msg = str(e)
+    assert e.file == str(path)
+    assert str(path) in msg
+    assert e.key == key, msg
+    assert f": {key}: " in msg, msg
+    if line is not None:
+        assert e.line == line, msg
+        assert msg.startswith(f"{path}:{line}: "), msg
+    return e
+
+
+def dump(doc: dict) -> str:
+    return yaml.safe_dump(doc, sort_keys=False, default_flow_style=None, width=1000)
+
+
+def gdn_doc() -> dict:
+    return yaml.safe_load(GDN_TEXT)
+
+
+GDN = yaml.safe_load(GDN_TEXT)
+# a rule with `when` at index >= 1, and its use mapping
+R = next(i for i, r in enumerate(GDN["rules"]) if i >= 1 and r.get("when"))
+R_USE = GDN["rules"][R]["use"]
+R_USE_LINE = item_key_line(GDN_TEXT, "rules", R, "use")
+R_WHEN_LINE = item_key_line(GDN_TEXT, "rules", R, "when")
+ILP_ALLOWED = GDN["tunables"]["ilp"]
+
+
+# ---- the shipped spec -----------------------------------------------------------------------
+
+
+def test_list_specs():
+    assert list_specs() == sorted(p.stem for p in SPEC_DIR.glob("*.yaml"))
+    assert "gdn" in list_specs()
+
+
+def test_gdn_loads():
+    spec = get_spec("gdn")
+    assert isinstance(spec, Spec)
+    assert spec.name == "gdn"
+    assert spec.template == "gdn.cu.j2"
+    assert spec.kernel_name == "gdn_step"
+    assert spec.param_names == tuple(GDN["params"])
+    assert spec.allowed("K") == (64, 128, 256)
+    assert spec.allowed("layout") == ("klast", "kmajor")
+    assert spec.tunable_names == tuple(GDN["tunables"])
+    assert {"lanes_per_row", "ilp", "tile_v"} <= set(spec.tunable_names)
+    assert set(spec.facts) == {"B", "H", "HV", "num_sms"}
+    assert dict(spec.launch).keys() == {"grid", "block", "smem"}
+    assert spec.args[0] == ("q", "ptr") and ("scale", "f32") in spec.args
+    assert len(spec.rules) == len(GDN["rules"])
+    assert len(spec.constraints) == len(GDN["constraints"])
+    # rules and constraints know their lines in the YAML file
+    assert [r.line for r in spec.rules] == item_lines(GDN_TEXT, "rules")
+    assert [c.line for c in spec.constraints] == item_lines(GDN_TEXT, "constraints")
+    assert any(r.when is None for r in spec.rules)
+    assert get_spec("gdn") is spec  # cached
+    with pytest.raises(KeyError):
+        spec.allowed("nope")
+
+
+def test_gdn_loads_from_a_copy(tmp_path):
+    spec = load_spec_file(write(tmp_path, GDN_TEXT, "gdn.yaml"))
+    shipped = get_spec("gdn")
+    assert spec.file == str(tmp_path / "gdn.yaml")
+    assert shipped.file == "gdn.yaml"
+    assert spec.rules == shipped.rules and spec.params == shipped.params and spec.derived == shipped.derived
+
+
+def test_get_spec_unknown():
+    with pytest.raises(ValueError, match="no shipped spec 'nope'"):
+        get_spec("nope")
+
+
+def test_roundtrip_dump_is_valid(tmp_path):
+    """The dict-level helper itself produces a valid spec (so failures below are the mutations)."""
+    load_spec_file(write(tmp_path, dump(gdn_doc())))
+
+
+# ---- YAML-level errors ---------------------------------------------------------------------
+
+
+def test_bad_yaml_syntax(tmp_path):
+    line = key_line(GDN_TEXT, "params", "K")
+    spec_error(tmp_path, set_line(GDN_TEXT, line, "K: a: b"), "<yaml>", line)
+
+
+def test_bad_yaml_unclosed_flow(tmp_path):
+    text = set_line(GDN_TEXT, R_USE_LINE, "use: {lanes_per_row: 16, ilp: 2")
+    e = spec_error(tmp_path, text, "<yaml>", None)
+    assert e.line is not None and e.line >= R_USE_LINE
+
+
+def test_duplicate_yaml_key(tmp_path):
+    line = key_line(GDN_TEXT, "params", "K")
+    lines = GDN_TEXT.splitlines(keepends=True)
+    text = "".join(lines[:line] + ["  K: [64]\n"] + lines[line:])
+    e = spec_error(tmp_path, text, "<yaml>", line + 1)
+    assert "duplicate key 'K'" in e.reason
+
+
+@pytest.mark.parametrize("text", ["- a\n- b\n", "just a string\n", "42\n"])
+def test_top_level_not_a_mapping(tmp_path, text):
+    e = spec_error(tmp_path, text, "<top>", None)
+    assert "mapping" in e.reason
+    if text.startswith("-"):
+        assert e.line == 1
+
+
+def test_empty_file(tmp_path):
+    spec_error(tmp_path, "", "<top>", None)
+
+
+def test_unreadable_file(tmp_path):
+    with pytest.raises(SpecError) as ei:
+        load_spec_file(tmp_path / "missing.yaml")
+    assert ei.value.key == "<file>" and "missing.yaml" in str(ei.value)
+
+
+def test_unknown_top_level_key(tmp_path):
+    text = GDN_TEXT + "bogus: 1\n"
+    e = spec_error(tmp_path, text, "bogus", len(GDN_LINES) + 1)
+    assert "unknown key" in e.reason
+
+
+@pytest.mark.parametrize("key", ["name", "template", "kernel_name", "params", "tunables", "rules", "launch", "args"])
+def test_required_key_missing(tmp_path, key):
+    doc = gdn_doc()
+    del doc[key]
+    e = spec_error(tmp_path, dump(doc), key, 1)
+    assert "required key is missing" in e.reason
+
+
+@pytest.mark.parametrize("key", ["name", "template", "kernel_name"])
+@pytest.mark.parametrize("value", ["''", "[a]", "3"])
+def test_string_keys_must_be_nonempty_strings(tmp_path, key, value):
+    line = section(GDN_TEXT, key)[0]
+    spec_error(tmp_path, set_line(GDN_TEXT, line, f"{key}: {value}"), key, line)
+
+
+def test_kernel_name_not_identifier(tmp_path):
+    line = section(GDN_TEXT, "kernel_name")[0]
+    spec_error(tmp_path, set_line(GDN_TEXT, line, "kernel_name: gdn-step"), "kernel_name", line)
+
+
+def test_template_not_found(tmp_path):
+    line = section(GDN_TEXT, "template")[0]
+    e = spec_error(tmp_path, set_line(GDN_TEXT, line, "template: nope.cu.j2"), "template", line)
+    assert "nope.cu.j2" in e.reason
+
+
+# ---- params / tunables -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("table,name", [("params", "K"), ("tunables", "ilp")])
+@pytest.mark.parametrize(
+    "value,reason",
+    [
+        ("64", "non-empty list"),
+        ("[]", "non-empty list"),
+        ("{a: 1}", "non-empty list"),
+        ("null", "non-empty list"),
+        ("[[64], 128]", "scalars"),
+        ("[{a: 1}]", "scalars"),
+        ("[null]", "scalars"),
+        ("[64, 128, 64]", "duplicate"),
+    ],
+)
+def test_values_table_errors(tmp_path, table, name, value, reason):
+    line = key_line(GDN_TEXT, table, name)
+    e = spec_error(tmp_path, set_line(GDN_TEXT, line, f"{name}: {value}"), f"{table}.{name}", line)
+    assert reason in e.reason
+
+
+@pytest.mark.parametrize("table", ["params", "tunables"])
+@pytest.mark.parametrize("value", [[1, 2], {}, None, "x"])
+def test_values_table_not_a_mapping(tmp_path, table, value):
+    doc = gdn_doc()
+    doc[table] = value
+    text = dump(doc)
+    e = spec_error(tmp_path, text, table, section(text, table)[0])
+    assert "non-empty mapping" in e.reason
+
+
+def test_value_name_not_identifier(tmp_path):
+    line = key_line(GDN_TEXT, "params", "K")
+    spec_error(tmp_path, set_line(GDN_TEXT, line, "K-dim: [64, 128, 256]"), "params.K-dim", line)
+
+
+def test_name_clash_param_tunable(tmp_path):
+    line = key_line(GDN_TEXT, "tunables", "ilp")
+    lines = GDN_TEXT.splitlines(keepends=True)
+    text = "".join(lines[:line] + ["  K: [64]\n"] + lines[line:])
+    e = spec_error(tmp_path, text, "tunables", section(GDN_TEXT, "tunables")[0])
+    assert "['K']" in e.reason and "both param and tunable" in e.reason
+
+
+# ---- derived / facts / constraints --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "new,reason",
+    [
+        ('elems: "K //"', "syntax error"),
+        ('elems: "K // (lanes_per_row"', "syntax error"),
+        ('elems: "K // lanes_per_rowz"', "unknown names ['lanes_per_rowz']"),
+        ('elems: "K // n_tiles"', "unknown names ['n_tiles']"),  # defined later: order matters
+        ('elems: "K // B"', "unknown names ['B']"),  # facts are runtime-only
+        ('elems: ""', "non-empty expression"),
+        ("elems: [1]", "expression string"),
+        ("elems: 1.5", "expression string"),
+        ("elems: true", "expression string"),
+    ],
+)
+def test_derived_errors(tmp_path, new, reason):
+    line = key_line(GDN_TEXT, "derived", "elems")
+    e = spec_error(tmp_path, set_line(GDN_TEXT, line, new), "derived.elems", line)
+    assert reason in e.reason, e.reason
+
+
+def test_derived_shadows_param(tmp_path):
+    line = key_line(GDN_TEXT, "derived", "elems")
+    spec_error(tmp_path, set_line(GDN_TEXT, line, 'K: "64"'), "derived.K", line)
+
+
+def test_derived_not_a_mapping(tmp_path):
+    doc = gdn_doc()
+    doc["derived"] = ["a"]
+    text = dump(doc)
+    spec_error(tmp_path, text, "derived", section(text, "derived")[0])
+
+
+@pytest.mark.parametrize("new", ["facts: B", "facts: [B, 1]", "facts: [B, not-an-id]", "facts: [B, K]"])
+def test_facts_errors(tmp_path, new):
+    line = section(GDN_TEXT, "facts")[0]
+    spec_error(tmp_path, set_line(GDN_TEXT, line, new), "facts", line)
+
+
+C_LAST = len(GDN["constraints"]) - 1
+C_LAST_LINE = item_lines(GDN_TEXT, "constraints")[C_LAST]
+
+
+def test_constraint_unknown_name(tmp_path):
+    text = set_line(GDN_TEXT, C_LAST_LINE, 'expr: "n_tile >= 1"')
+    e = spec_error(tmp_path, text, f"constraints[{C_LAST}]", C_LAST_LINE)
+    assert "unknown names ['n_tile']" in e.reason
+
+
+def test_constraint_fact_is_unknown(tmp_path):
+    """Constraints are checked at compile time: runtime facts are not available to them."""
+    text = set_line(GDN_TEXT, C_LAST_LINE, 'expr: "n_tiles >= B"')
+    e = spec_error(tmp_path, text, f"constraints[{C_LAST}]", C_LAST_LINE)
+    assert "['B']" in e.reason
+
+
+def test_constraint_syntax_error(tmp_path):
+    text = set_line(GDN_TEXT, C_LAST_LINE, 'expr: "n_tiles >="')
+    e = spec_error(tmp_path, text, f"constraints[{C_LAST}].expr", C_LAST_LINE)
+    assert "syntax error" in e.reason
+
+
+@pytest.mark.parametrize("new", ['- {why: no expr}', '- {expr: "1", why: x, extra: 1}', "- just a string"])
+def test_constraint_shape(tmp_path, new):
+    lines = GDN_TEXT.splitlines(keepends=True)
+    i = C_LAST_LINE - 1
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    text = "".join(lines[:i] + [indent + new + "\n"] + lines[i:])
+    spec_error(tmp_path, text, f"constraints[{C_LAST}]", C_LAST_LINE)
+
+
+def test_constraints_not_a_list(tmp_path):
+    doc = gdn_doc()
+    doc["constraints"] = {"expr": "1"}
+    text = dump(doc)
+    spec_error(tmp_path, text, "constraints", section(text, "constraints")[0])
+
+
+# ---- rules ----------------------------------------------------------------------------------
+
+
+def test_rule_unknown_tunable(tmp_path):
+    text = set_line(GDN_TEXT, R_USE_LINE, "use: " + flow({**R_USE, "warps": 4}))
+    e = spec_error(tmp_path, text, f"rules[{R}].use", R_USE_LINE)
+    assert "exactly the tunables" in e.reason
+
+
+def test_rule_missing_tunable(tmp_path):
+    use = {k: v for k, v in R_USE.items() if k != "ilp"}
+    spec_error(tmp_path, set_line(GDN_TEXT, R_USE_LINE, "use: " + flow(use)), f"rules[{R}].use", R_USE_LINE)
+
+
+def test_rule_use_not_a_mapping(tmp_path):
+    text = set_line(GDN_TEXT, R_USE_LINE, "use: " + flow(list(R_USE.values())))
+    spec_error(tmp_path, text, f"rules[{R}].use", R_USE_LINE)
+
+
+@pytest.mark.parametrize("bad", [3, "2", 2.5, None])
+def test_rule_disallowed_value(tmp_path, bad):
+    assert bad not in ILP_ALLOWED
+    text = set_line(GDN_TEXT, R_USE_LINE, "use: " + flow({**R_USE, "ilp": bad}))
+    e = spec_error(tmp_path, text, f"rules[{R}].use.ilp", R_USE_LINE)
+    assert f"not an allowed value {ILP_ALLOWED}" in e.reason
+
+
+def test_rule_disallowed_value_block_style(tmp_path):
+    """The line is the offending key's own line when ``use`` is a block mapping."""
+    use = {**R_USE, "ilp": 3}
+    lines = GDN_TEXT.splitlines(keepends=True)
+    i = R_USE_LINE - 1
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    block = [indent + "use:\n"] + [f"{indent}  {k}: {flow([v])[1:-1]}\n" for k, v in use.items()]
+    text = "".join(lines[:i] + block + lines[i + 1:])
+    spec_error(tmp_path, text, f"rules[{R}].use.ilp", R_USE_LINE + 1 + list(use).index("ilp"))
+
+
+@pytest.mark.parametrize(
+    "when,reason",
+    [
+        ("\"layout == 'klast' and KK == 256\"", "unknown names ['KK']"),
+        ("\"layout == 'klast' and lanes_per_rowx == 1\"", "unknown names ['lanes_per_rowx']"),
+        ("\"layout == 'klast' and\"", "syntax error"),
+        ("[1]", "expression string"),
+        ("1.5", "expression string"),
+    ],
+)
+def test_rule_when_errors(tmp_path, when, reason):
+    text = set_line(GDN_TEXT, R_WHEN_LINE, f"when: {when}")
+    e = spec_error(tmp_path, text, f"rules[{R}].when", R_WHEN_LINE)
+    assert reason in e.reason, e.reason
+
+
+def test_rule_when_may_use_facts_and_derived(tmp_path):
+    text = set_line(GDN_TEXT, R_WHEN_LINE, 'when: "HV > H and num_warps >= 1 and B > 0 and num_sms > 0"')
+    load_spec_file(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("new", ["- [1]", "- {why: no use}", "- {use: {}, bogus: 1}"])
+def test_rule_shape(tmp_path, new):
+    lines = GDN_TEXT.splitlines(keepends=True)
+    i = item_lines(GDN_TEXT, "rules")[R] - 1
+    indent = lines[i][: len(lines[i]) - len(lines[i].lstrip())]
+    text = "".join(lines[:i] + [indent + new + "\n"] + lines[i:])
+    spec_error(tmp_path, text, f"rules[{R}]", i + 1)
+
+
+@pytest.mark.parametrize("value", [[], {}, "x"])
+def test_rules_not_a_list(tmp_path, value):
+    doc = gdn_doc()
+    doc["rules"] = value
+    text = dump(doc)
+    spec_error(tmp_path, text, "rules", section(text, "rules")[0])
+
+
+def test_no_fallback_rule(tmp_path):
+    doc = gdn_doc()
+    doc["rules"] = [r for r in doc["rules"] if "when" in r]
+    text = dump(doc)
+    e = spec_error(tmp_path, text, "rules", item_lines(text, "rules")[0])
+    assert "without `when`" in e.reason
+
+
+def test_fallback_invalid_for_some_params(tmp_path):
+    """Drop the last fallback (K-major, bf16 state, K = 256): that combination has none left."""
+    doc = gdn_doc()
+    last = max(i for i, r in enumerate(doc["rules"]) if "when" not in r)
+    del doc["rules"][last]
+    text = dump(doc)
+    e = spec_error(tmp_path, text, "rules", item_lines(text, "rules")[0])
+    assert "no fallback rule" in e.reason
+    assert "layout='kmajor'" in e.reason and "K=256" in e.reason and "state_dtype='bf16'" in e.reason
+
+
+def test_single_klast_only_fallback(tmp_path):
+    """A single fallback that only suits K-last is rejected naming a K-major combination."""
+    doc = gdn_doc()
+    first = next(r for r in doc["rules"] if "when" not in r)
+    doc["rules"] = [r for r in doc["rules"] if "when" in r] + [first]
+    e = spec_error(tmp_path, dump(doc), "rules", None)
+    assert "layout='kmajor'" in e.reason
+
+
+# ---- launch / args -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("drop", ["grid", "block", "smem"])
+def test_launch_missing_key(tmp_path, drop):
+    doc = gdn_doc()
+    del doc["launch"][drop]
+    text = dump(doc)
+    e = spec_error(tmp_path, text, "launch", section(text, "launch")[0])
+    assert "grid, block, smem" in e.reason
+
+
+def test_launch_extra_key(tmp_path):
+    doc = gdn_doc()
+    doc["launch"]["cluster"] = "1"
+    text = dump(doc)
+    spec_error(tmp_path, text, "launch", section(text, "launch")[0])
+
+
+def test_launch_unknown_name(tmp_path):
+    line = key_line(GDN_TEXT, "launch", "grid")
+    e = spec_error(tmp_path, set_line(GDN_TEXT, line, 'grid: "B * HVV * n_tiles"'), "launch.grid", line)
+    assert "['HVV']" in e.reason
+
+
+def test_launch_syntax_error(tmp_path):
+    line = key_line(GDN_TEXT, "launch", "block")
+    spec_error(tmp_path, set_line(GDN_TEXT, line, 'block: "num_warps *"'), "launch.block", line)
+
+
+@pytest.mark.parametrize(
+    "name,new",
+    [("q", "pointer"), ("B", "i16"), ("scale", "f64"), ("pool_size", "64"), ("a", "[ptr]"), ("k", "null")],
+)
+def test_args_bad_type(tmp_path, name, new):
+    line = key_line(GDN_TEXT, "args", name)
+    e = spec_error(tmp_path, set_line(GDN_TEXT, line, f"{name}: {new}"), f"args.{name}", line)
+    assert "ptr" in e.reason and "i64" in e.reason
+
+
+@pytest.mark.parametrize("value", [[], {}, ["q"]])
+def test_args_not_a_mapping(tmp_path, value):
+    doc = gdn_doc()
+    doc["args"] = value
+    text = dump(doc)
+    spec_error(tmp_path, text, "args", section(text, "args")[0])
+
+
+# ---- expressions ------------------------------------------------------------------------------
+
+
+def test_expr_basics():
+    assert gexpr.evaluate("K // lanes_per_row", {"K": 128, "lanes_per_row": 8}) == 16
+    assert gexpr.evaluate("4 if s == 'fp32' else 8", {"s": "bf16"}) == 8
+    assert gexpr.evaluate("min(a, b) + max(a, b) + abs(-1)", {"a": 2, "b": 3}) == 6
+    assert gexpr.names_in("min(K, V) // lanes_per_row") == {"K", "V", "lanes_per_row"}
+    with pytest.raises(gexpr.ExprError, match="undefined"):
+        gexpr.evaluate("K + 1", {})
+    with pytest.raises(gexpr.ExprError, match="ZeroDivisionError"):
+        gexpr.evaluate("K // 0", {"K": 1})
+    with pytest.raises(gexpr.ExprError, match="syntax error"):
+        gexpr.compile_expr("K +")
+    with pytest.raises(gexpr.ExprError):
+        gexpr.compile_expr("   ")
+
+
+@pytest.mark.parametrize(
+    "text,context",
+    [
+        ("().__class__.__bases__", {}),
+        ("().__class__.__bases__[0].__subclasses__()", {}),
+        ("x.__globals__", {"x": lambda: 0}),
+        ("x.__globals__['__builtins__']", {"x": lambda: 0}),
+        ("x.__class__", {"x": 1}),
+        ("x.__code__", {"x": lambda: 0}),
+        ("min.__self__", {}),
+        ("x.mro()", {"x": int}),
+        ("x.gi_frame", {"x": (i for i in ())}),
+        ("x.append(1)", {"x": []}),
+        ("x.update(a=1)", {"x": {}}),
+        ("''.__class__.__mro__", {}),
+        ("lipsum.__globals__", {}),
+    ],
+)
+def test_expr_sandboxed(text, context):
+    with pytest.raises(gexpr.ExprError):
+        gexpr.evaluate(text, context)
+
+
+def test_expr_sandbox_does_not_mutate():
+    x: list = []
+    with pytest.raises(gexpr.ExprError):
+        gexpr.evaluate("x.append(1)", {"x": x})
+    assert x == []
+
+
+def test_expr_sandbox_range_limit_is_expr_error():
+    with pytest.raises(gexpr.ExprError):
+        gexpr.evaluate("range(n) | list | length", {"n": 10**6})
+
+
+def test_sandboxed_expression_in_spec_is_not_python(tmp_path):
+    """A derived expression reaching for internals never yields them: every variant is invalid,
+    so validation finds no usable fallback."""
+    line = key_line(GDN_TEXT, "derived", "elems")
+    lines = GDN_TEXT.splitlines(keepends=True)
+    text = "".join(lines[:line] + ['  leak: "K.__class__"\n'] + lines[line:])
+    e = spec_error(tmp_path, text, "rules", item_lines(text, "rules")[0])
+    assert "no fallback rule" in e.reason
+
+
+# ---- Spec.violations -----------------------------------------------------------------------
+
+
+def _params(**kw):
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    p.update(kw)
+    return p
+
+
+def _tun(**kw):
+    """Tunables: the first allowed value of each (e.g. stage=false), then ``kw``."""
+    spec = get_spec("gdn")
+    t = {n: v[0] for n, v in spec.tunables}
+    t.update(kw)
+    return t
+
+
+def test_violations_valid():
+    spec = get_spec("gdn")
+    assert spec.violations(_params(K=128, V=128), _tun(lanes_per_row=8, ilp=2, tile_v=32)) == []
+    assert spec.violations(_params(layout="kmajor", K=128, V=128), _tun(lanes_per_row=8, ilp=1, tile_v=32)) == []
+    # every rule's tunables are at least allowed values
+    for r in spec.rules:
+        assert all(v in spec.allowed(n) for n, v in r.use)
+
+
+def test_violations_constraints():
+    spec = get_spec("gdn")
+    # K=64, 32 lanes/row: 2 elements per lane, not a whole 16-byte fp32 vector
+    bad = spec.violations(_params(K=64), _tun(lanes_per_row=32, ilp=1, tile_v=8))
+    assert any("elems % vec == 0" in b for b in bad)
+    # tile_v larger than V: n_tiles is 0
+    bad = spec.violations(_params(K=128, V=64), _tun(lanes_per_row=8, ilp=1, tile_v=128))
+    assert any("n_tiles >= 1" in b and "tiles cover V exactly" in b for b in bad)
+    # too many state registers per thread
+    bad = spec.violations(_params(K=256, V=128), _tun(lanes_per_row=4, ilp=2, tile_v=32))
+    assert any("rows_per_thread * elems <= 64" in b for b in bad)
+
+
+def test_violations_tunable_not_allowed():
+    spec = get_spec("gdn")
+    bad = spec.violations(_params(), _tun(ilp=3))
+    assert bad == [f"tunable ilp must be one of {ILP_ALLOWED}, got 3"]
+    t = _tun()
+    del t["ilp"]
+    bad = spec.violations(_params(), t)
+    assert bad and "tunable ilp" in bad[0] and "None" in bad[0]
+
+
+def test_all_tunable_choices():
+    spec = get_spec("gdn")
+    choices = spec.all_tunable_choices()
+    n = 1
+    for _, vals in spec.tunables:
+        n *= len(vals)
+    assert len(choices) == n == len({tuple(c.items()) for c in choices})
+    assert _tun(lanes_per_row=8, ilp=2, tile_v=32) in choices
+
+
+# ---- dispatch ------------------------------------------------------------------------------
+
+TOY = """\
+name: toy
+description: toy spec for dispatch tests
+template: gdn.cu.j2
+kernel_name: toy
+params:
+  n: [32, 64, 128]
+  flag: [false, true]
+tunables:
+  t: [1, 2, 4]
+derived:
+  per: "n // t"
+constraints:
+  - expr: "per >= 32"
+    why: at least 32 per thread
+facts: [B]
+rules:
+  - when: "B > 100"
+    use: {t: 4}
+    why: big
+  - when: "B > 10"
+    use: {t: 2}
+    why: medium
+  - use: {t: 1}
+    why: fallback
+launch: {grid: "B", block: "32", smem: "0"}
+args: {x: ptr, rows: i32}
+"""
+
+
+@pytest.fixture
+def toy(tmp_path):
+    return load_spec_file(write(tmp_path, TOY, "toy.yaml"))
+
+
+@pytest.mark.parametrize(
+    "n,B,rule,t",
+    [
+        (128, 200, 0, 4),  # first rule holds and is valid
+        (64, 200, 1, 2),  # first rule holds but t=4 gives per=16: skipped
+        (32, 200, 2, 1),  # both invalid: the fallback
+        (128, 50, 1, 2),  # first rule's when is false
+        (128, 5, 2, 1),
+        (128, 101, 0, 4),
+        (128, 100, 1, 2),
+    ],
+)
+def test_select_first_valid_rule(toy, n, B, rule, t):
+    tunables, chosen = dispatch.select(toy, {"n": n, "flag": False}, {"B": B})
+    assert tunables == {"t": t}
+    assert chosen is toy.rules[rule]
+
+
+def test_select_tuned_takes_precedence(toy):
+    tunables, chosen = dispatch.select(toy, {"n": 128, "flag": False}, {"B": 1}, tuned={"t": 4})
+    assert tunables == {"t": 4} and chosen is None
+    # an invalid tuned entry is ignored
+    tunables, chosen = dispatch.select(toy, {"n": 32, "flag": False}, {"B": 1}, tuned={"t": 4})
+    assert tunables == {"t": 1} and chosen is toy.rules[2]
+
+
+def test_select_missing_fact(toy):
+    with pytest.raises(gexpr.ExprError):
+        dispatch.select(toy, {"n": 128, "flag": False}, {})
+
+
+def test_select_no_valid_rule(tmp_path):
+    """A spec bypassing validation (every rule invalid) gets DispatchError, not a bad variant."""
+    toy = load_spec_file(write(tmp_path, TOY, "toy.yaml"))
+    broken = dataclasses.replace(toy, rules=toy.rules[:1])
+    with pytest.raises(dispatch.DispatchError, match="no rule gives valid tunables"):
+        dispatch.select(broken, {"n": 32, "flag": False}, {"B": 200})
+
+
+def _first_valid_rule(spec, params, facts):
+    ctx = {**params, **facts}
+    for rule in spec.rules:
+        if rule.when is not None and not gexpr.evaluate(rule.when, ctx):
+            continue
+        if not spec.violations(params, dict(rule.use)):
+            return rule
+    raise AssertionError("no rule")
+
+
+def test_select_gdn_rules():
+    spec = get_spec("gdn")
+    for layout in ("klast", "kmajor"):
+        for K in (64, 128, 256):
+            for sd in ("fp32", "bf16"):
+                for T in (1, 4):
+                    for B in (1, 512):
+                        p = _params(layout=layout, K=K, V=128, state_dtype=sd, T=T)
+                        f = dict(FACTS, B=B)
+                        tunables, rule = dispatch.select(spec, p, f)
+                        assert rule is _first_valid_rule(spec, p, f)
+                        assert tunables == dict(rule.use)
+                        assert spec.violations(p, tunables) == []
+    # K-major bf16 K=256: only the last fallback (32 lanes per row) is valid
+    kb = _params(layout="kmajor", K=256, V=64, state_dtype="bf16", T=1)
+    tunables, rule = dispatch.select(spec, kb, FACTS)
+    assert rule.when is None and tunables["lanes_per_row"] == 32
+
+
+def test_explain_lines(toy):
+    lines = dispatch.explain(toy, {"n": 64, "flag": False}, {"B": 200})
+    assert len(lines) == 3
+    assert lines[0].startswith("rule 0: {'t': 4} violates per >= 32 (at least 32 per thread)")
+    assert lines[1] == "rule 1: CHOSEN {'t': 2} (medium)"
+    assert lines[2] == "rule 2: also valid {'t': 1} (fallback)"
+    lines = dispatch.explain(toy, {"n": 128, "flag": False}, {"B": 5})
+    assert lines[0] == "rule 0: when `B > 100` is false"
+    assert lines[1] == "rule 1: when `B > 10` is false"
+    assert lines[2] == "rule 2: CHOSEN {'t': 1} (fallback)"
+
+
+def test_explain_agrees_with_select():
+    spec = get_spec("gdn")
+    for layout in ("klast", "kmajor"):
+        for K in (64, 128, 256):
+            for sd in ("fp32", "bf16"):
+                for B in (1, 512):
+                    p = _params(layout=layout, K=K, V=128, state_dtype=sd)
+                    f = dict(FACTS, B=B)
+                    _, rule = dispatch.select(spec, p, f)
+                    lines = dispatch.explain(spec, p, f)
+                    assert len(lines) == len(spec.rules)
+                    chosen = [i for i, line in enumerate(lines) if "CHOSEN" in line]
+                    assert chosen == [spec.rules.index(rule)]
+                    assert all(re.match(rf"rule {i}: ", line) for i, line in enumerate(lines))
