@@ -49,7 +49,7 @@ def _local_arch() -> str | None:
 
 def cmd_warm(args) -> int:
     from .shapes import load_shapes
-    from .warm import plan, warm
+    from .warm import plan, tuned_docs, warm
 
     config = get_config()
     archs = args.arch or ([_local_arch()] if _local_arch() else None)
@@ -60,7 +60,7 @@ def cmd_warm(args) -> int:
     for f in args.shapes:
         problems += load_shapes(f)
     t0 = time.perf_counter()
-    variants = plan(problems, archs, args.num_sms)
+    variants = plan(problems, archs, args.num_sms, tuned_docs(config))
     if args.dry_run:
         for v in variants:
             print(f"{v.name}  {v.describe()}")
@@ -97,6 +97,42 @@ def cmd_warm(args) -> int:
         dump.write_text(r.error)
         print(f"FAILED {r.variant.describe()}: source and NVRTC log in {dump}", file=sys.stderr)
     return 1 if failed else 0
+
+
+def cmd_tune(args) -> int:
+    import torch
+
+    from .shapes import load_shapes
+    from .tune import table_doc, tune
+    from .tuned import device_slug, write_table
+
+    if not torch.cuda.is_available():
+        print("gdnjit tune: needs a CUDA GPU (it measures the candidates on it)", file=sys.stderr)
+        return 2
+    config = get_config()
+    problems = []
+    for f in args.shapes:
+        problems += load_shapes(f)
+    if args.call:
+        problems = [p for p in problems if p.call in args.call]
+    dedup = {}
+    for p in problems:  # models sharing (params, H, HV) measure the same thing
+        dedup.setdefault((p.spec, p.params, p.H, p.HV), p)
+    problems = list(dedup.values())[: args.max_problems or None]
+    dev = torch.cuda.current_device()
+    entries = tune(problems, config, dev, args.b)
+    doc = table_doc(entries, dev)
+    out = Path(args.out) if args.out else config.cache_dir / "tuned" / f"{device_slug(doc['device'])}.json"
+    if out.exists() and not args.replace:
+        import json
+
+        old = json.loads(out.read_text()).get("entries", [])
+        keep = {(e["spec"], repr(sorted(e["params"].items())), repr(sorted(e["facts"].items()))) for e in entries}
+        doc["entries"] = [e for e in old if (e["spec"], repr(sorted(e["params"].items())),
+                                              repr(sorted(e["facts"].items()))) not in keep] + entries
+    write_table(out, doc)
+    print(f"gdnjit tune: {len(entries)} problems measured on {doc['device']}; table {out}")
+    return 0
 
 
 def _variant_from_args(args):
@@ -239,6 +275,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="list the variants, compile nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print a table of every variant")
     p.set_defaults(fn=cmd_warm)
+
+    p = sub.add_parser("tune", help="measure the candidate variants on this GPU and write a tuned table")
+    p.add_argument("--shapes", action="append", required=True, help="shipped name or path; repeatable")
+    p.add_argument("--b", type=int, nargs="+", help="batch sizes to measure (default: the shapes file's)")
+    p.add_argument("--call", action="append", help="only these calls of the shapes file")
+    p.add_argument("--max-problems", type=int, default=0)
+    p.add_argument("--out", help="table path (default: <cache dir>/tuned/<gpu>.json, merged)")
+    p.add_argument("--replace", action="store_true", help="do not merge with an existing table")
+    p.set_defaults(fn=cmd_tune)
 
     p = sub.add_parser("render", help="print the CUDA source of one variant")
     p.add_argument("spec")

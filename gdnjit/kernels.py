@@ -25,6 +25,7 @@ from .variant import Variant
 log = logging.getLogger("gdnjit")
 
 _launchers: dict[tuple, Launcher] = {}
+_tuned: dict[int, Any] = {}  # device index -> TunedTable, loaded once per device
 _resolved: dict[tuple, tuple[Launcher, int]] = {}
 _RESOLVED_MAX = 65536
 
@@ -56,6 +57,7 @@ def clear_launcher_cache() -> None:
     """Forget loaded launchers and dispatch results (e.g. after changing the configuration)."""
     _launchers.clear()
     _resolved.clear()
+    _tuned.clear()
 
 
 def build_entry(variant: Variant, config: Config):
@@ -88,10 +90,23 @@ def get_launcher(variant: Variant, device_index: int, config: Config | None = No
     return launcher
 
 
-def choose_variant(spec: Spec, params: dict[str, Any], facts: dict[str, Any], arch: str) -> Variant:
-    """The variant the dispatcher picks for these params and runtime facts on ``arch``."""
-    tunables, _ = _dispatch.select(spec, params, facts)
+def choose_variant(spec: Spec, params: dict[str, Any], facts: dict[str, Any], arch: str,
+                   tuned: Any = None) -> Variant:
+    """The variant the dispatcher picks for these params and runtime facts on ``arch``
+    (a tuned table's entry when ``tuned`` has one, else the spec's rules)."""
+    choice = tuned.lookup(spec.name, params, facts) if tuned is not None else None
+    tunables, _ = _dispatch.select(spec, params, facts, tuned=choice)
     return Variant.make(spec, params, tunables, arch)
+
+
+def tuned_table(device_index: int):
+    """The tuned table(s) for this device's GPU model, loaded once per device."""
+    table = _tuned.get(device_index)
+    if table is None:
+        from .tuned import load_tables
+
+        table = _tuned[device_index] = load_tables(get_config(), device_info(device_index).name)
+    return table
 
 
 def resolve(spec: Spec, params: tuple, facts: tuple, device_index: int) -> tuple[Launcher, int]:
@@ -105,7 +120,7 @@ def resolve(spec: Spec, params: tuple, facts: tuple, device_index: int) -> tuple
     pdict = dict(zip(spec.param_names, params))
     fnames = [f for f in spec.facts if f != "num_sms"]
     fdict = dict(zip(fnames, facts), num_sms=info.num_sms)
-    variant = choose_variant(spec, pdict, fdict, info.arch)
+    variant = choose_variant(spec, pdict, fdict, info.arch, tuned_table(device_index))
     launcher = get_launcher(variant, device_index)
     ctx = dict(variant.values)
     ctx.update(fdict)

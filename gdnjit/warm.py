@@ -35,20 +35,31 @@ def sm_counts_for(arch: str) -> tuple[int, ...]:
     return KNOWN_SM_COUNTS[number]
 
 
-def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[int] | None = None) -> list[Variant]:
-    """Every distinct variant the dispatcher selects for the problems, archs and SM counts, in order."""
+def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[int] | None = None,
+         tuned: Sequence[dict] = ()) -> list[Variant]:
+    """Every distinct variant the dispatcher selects for the problems, archs and SM counts, in order;
+    with ``tuned`` table documents, also each table's choice for tables of the same arch."""
+    from .tuned import TunedTable
+
     seen: dict[tuple, Variant] = {}
+    problems = list(problems)
     for arch in archs:
+        tables = [TunedTable(doc.get("entries", [])) for doc in tuned if doc.get("arch") == arch]
         counts = tuple(num_sms) if num_sms else sm_counts_for(arch)
         for prob in problems:
             spec = get_spec(prob.spec)
             params = dict(prob.params)
             for sms in counts:
                 for facts in iter_facts(prob, sms):
-                    tunables, _ = dispatch.select(spec, params, {f: facts[f] for f in spec.facts})
-                    memo = (spec.name, prob.params, tuple(tunables.items()), arch)
-                    if memo not in seen:
-                        seen[memo] = Variant.make(spec, params, tunables, arch)
+                    choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts})[0]]
+                    for table in tables:
+                        t = table.lookup(spec.name, params, facts)
+                        if t is not None and not spec.violations(params, t):
+                            choices.append(t)
+                    for tunables in choices:
+                        memo = (spec.name, prob.params, tuple(tunables.items()), arch)
+                        if memo not in seen:
+                            seen[memo] = Variant.make(spec, params, tunables, arch)
     return list(seen.values())
 
 
@@ -61,28 +72,67 @@ class WarmResult:
     error: str = ""
 
 
+def _warm_one(variant: Variant, config: Config) -> WarmResult:
+    cache = DiskCache(config)
+    t0 = time.perf_counter()
+    hit = None if config.always_compile else cache.lookup(variant.name, cache_key(variant.key_fields))
+    if hit is not None:
+        return WarmResult(variant, "cached", time.perf_counter() - t0, hit.meta)
+    try:
+        entry = cache.get_or_build(variant.name, variant.key_fields, variant.build)
+    except CompileError as e:
+        return WarmResult(variant, "failed", time.perf_counter() - t0, {}, e.dump())
+    status = "compiled" if entry.origin == "built" else "cached"
+    return WarmResult(variant, status, time.perf_counter() - t0, entry.meta)
+
+
 def warm(variants: Sequence[Variant], config: Config, jobs: int | None = None,
          on_done: Callable[[WarmResult], None] | None = None) -> list[WarmResult]:
-    """Compile every variant not already cached (``jobs`` threads; NVRTC runs without the GIL)."""
-    cache = DiskCache(config)
-
-    def one(variant: Variant) -> WarmResult:
-        t0 = time.perf_counter()
-        hit = None if config.always_compile else cache.lookup(variant.name, cache_key(variant.key_fields))
-        if hit is not None:
-            return WarmResult(variant, "cached", time.perf_counter() - t0, hit.meta)
-        try:
-            entry = cache.get_or_build(variant.name, variant.key_fields, variant.build)
-        except CompileError as e:
-            return WarmResult(variant, "failed", time.perf_counter() - t0, {}, e.dump())
-        status = "compiled" if entry.origin == "built" else "cached"
-        return WarmResult(variant, status, time.perf_counter() - t0, entry.meta)
-
+    """Compile every variant not already cached, in ``jobs`` worker processes (NVRTC holds the GIL,
+    so threads would not compile in parallel; 'spawn' keeps workers safe next to a CUDA context)."""
     jobs = jobs or os.cpu_count() or 1
-    results: list[WarmResult] = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
-        for res in pool.map(one, variants):
-            results.append(res)
+    cache = DiskCache(config)
+    # Cheap hits first, in this process; only misses go to workers.
+    results: dict[int, WarmResult] = {}
+    todo = []
+    for i, v in enumerate(variants):
+        hit = None if config.always_compile else cache.lookup(v.name, cache_key(v.key_fields))
+        if hit is not None:
+            results[i] = WarmResult(v, "cached", 0.0, hit.meta)
             if on_done:
-                on_done(res)
-    return results
+                on_done(results[i])
+        else:
+            todo.append(i)
+    if jobs <= 1 or len(todo) <= 1:
+        for i in todo:
+            results[i] = _warm_one(variants[i], config)
+            if on_done:
+                on_done(results[i])
+    else:
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+            futures = {pool.submit(_warm_one, variants[i], config): i for i in todo}
+            for fut in concurrent.futures.as_completed(futures):
+                i = futures[fut]
+                results[i] = fut.result()
+                if on_done:
+                    on_done(results[i])
+    return [results[i] for i in range(len(variants))]
+
+
+def tuned_docs(config: Config) -> list[dict]:
+    """Every tuned table document in the cache dirs and the package (for ``plan``)."""
+    import json
+
+    from .tuned import SHIPPED_DIR
+
+    docs = []
+    for d in [config.cache_dir / "tuned", *(r / "tuned" for r in config.readonly_cache_dirs), SHIPPED_DIR]:
+        for path in sorted(d.glob("*.json")) if d.is_dir() else ():
+            try:
+                docs.append(json.loads(path.read_text()))
+            except (OSError, ValueError):
+                continue
+    return docs

@@ -1,0 +1,77 @@
+"""Tuned tables: measured best tunables per problem for one GPU model, written by ``gdnjit tune``.
+
+A table is JSON: ``{"device": name, "arch": ..., "num_sms": ..., "entries": [{"spec", "params",
+"facts", "tunables", "us", "rule_us"}]}``. Tables are looked up by a slug of the GPU name in the
+writable cache dir (``<cache>/tuned/``), the read-only cache dirs, then the package's shipped
+``gdnjit/tuned/``. The dispatcher uses the entry with the same spec, params, H and HV whose batch
+size is nearest (in log scale) to the call's; without one it falls back to the spec's rules.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from pathlib import Path
+from typing import Any
+
+from .config import Config
+
+SHIPPED_DIR = Path(__file__).parent / "tuned"
+
+
+def device_slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def table_paths(config: Config, device_name: str) -> list[Path]:
+    slug = device_slug(device_name)
+    dirs = [config.cache_dir / "tuned", *(d / "tuned" for d in config.readonly_cache_dirs), SHIPPED_DIR]
+    return [d / f"{slug}.json" for d in dirs]
+
+
+class TunedTable:
+    """Lookup structure over one or more tuned tables (first file wins per problem)."""
+
+    def __init__(self, entries: list[dict[str, Any]]):
+        self._by_problem: dict[tuple, list[tuple[int, dict]]] = {}
+        for e in entries:
+            f = e["facts"]
+            key = (e["spec"], tuple(sorted(e["params"].items())), f["H"], f["HV"])
+            self._by_problem.setdefault(key, []).append((int(f["B"]), e["tunables"]))
+
+    def lookup(self, spec: str, params: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
+        cands = self._by_problem.get((spec, tuple(sorted(params.items())), facts.get("H"), facts.get("HV")))
+        if not cands:
+            return None
+        B = max(int(facts.get("B", 1)), 1)
+        return min(cands, key=lambda c: (abs(math.log(c[0]) - math.log(B)), c[0]))[1]
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self._by_problem.values())
+
+
+def load_tables(config: Config, device_name: str) -> TunedTable:
+    entries: list[dict[str, Any]] = []
+    for path in table_paths(config, device_name):
+        try:
+            doc = json.loads(path.read_text())
+            entries += [e for e in doc.get("entries", []) if {"spec", "params", "facts", "tunables"} <= set(e)]
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError, AttributeError) as e:
+            import logging
+
+            logging.getLogger("gdnjit").warning("gdnjit: ignoring unreadable tuned table %s: %s", path, e)
+    return TunedTable(entries)
+
+
+def write_table(path: Path, doc: dict[str, Any]) -> None:
+    import os
+    import tempfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+    with os.fdopen(fd, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
