@@ -5,6 +5,7 @@ Public API (FlashInfer-compatible names and parameters):
 - :func:`gated_delta_rule_decode_pretranspose` — decode, K-last state, direct or pooled
 - :func:`gated_delta_rule_decode` — decode, K-major state
 - :func:`gated_delta_rule_mtp` — multi-token / speculative verify step over a state pool
+- :func:`nvfp4_quantize`, :class:`SfLayout`, :func:`dequantize_nvfp4` — NVFP4 activation quantization
 
 Kernels are rendered from YAML specs + Jinja templates, compiled with NVRTC on first use and
 cached on disk (``GDNJIT_CACHE_DIR``); precompile with ``gdnjit warm --shapes qwen35.yaml``.
@@ -18,6 +19,9 @@ _LAZY = {
     "gated_delta_rule_decode_pretranspose": "gdn",
     "gated_delta_rule_decode": "gdn",
     "gated_delta_rule_mtp": "gdn",
+    "nvfp4_quantize": "nvfp4",
+    "dequantize_nvfp4": "nvfp4",
+    "SfLayout": "nvfp4",
 }
 
 
@@ -38,6 +42,9 @@ __all__ = [
     "gated_delta_rule_decode_pretranspose",
     "gated_delta_rule_decode",
     "gated_delta_rule_mtp",
+    "nvfp4_quantize",
+    "dequantize_nvfp4",
+    "SfLayout",
     "CacheMissError",
     "CompileError",
     "CudaError",

@@ -1,0 +1,264 @@
+"""NVFP4 activation quantization with FlashInfer's signature (``nvfp4_quantize``, ``SfLayout``).
+
+This module only validates arguments and dispatches; the kernel comes from the
+``nvfp4_quantize`` spec (``specs/nvfp4_quantize.yaml``, ``templates/nvfp4_quantize.cu.j2``)
+through :mod:`gdnjit.kernels`. Results are bit-identical to the package's torch reference
+(:func:`gdnjit.reference.nvfp4.quantize_reference`), special values included.
+
+Semantics (DESIGN.md section 5), per 16-element block of a row, all fp32::
+
+    amax      = max |x|                                   (NaN elements skipped)
+    sf        = e4m3_satfinite_rne(gs * (amax * (1/6)))
+    out_scale = 0 if sf == 0 else 1 / (float(sf) * (1 / gs))
+    code      = e2m1_satfinite_rne(x * out_scale)         (sign bit = sign of x)
+
+Packing: element ``2i`` in the low nibble of byte ``i``, ``2i + 1`` in the high nibble.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import math
+import struct
+from typing import Optional, Tuple
+
+import torch
+
+from . import kernels
+from . import validate as _v
+from .sf_layout import SfLayout, padded_sf_shape, to_sf_layout
+from .spec import get_spec
+
+__all__ = ["nvfp4_quantize", "dequantize_nvfp4", "SfLayout", "BACKENDS"]
+
+SPEC = "nvfp4_quantize"
+BACKENDS = ("gdnjit", "reference")
+"""``gdnjit``: the JIT kernel. ``reference``: the torch reference (slow, synchronises; any device)."""
+SF_VEC_SIZE = 16
+_IN_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8e4m3"}
+_LAYOUT_PARAM = {SfLayout.layout_128x4: "128x4", SfLayout.layout_8x4: "8x4", SfLayout.layout_linear: "linear"}
+_MIN_ARCH = 89       # cvt.rn.satfinite.e4m3x2.f32 / cvt.rn.f16x2.e4m3x2 (Ada, Hopper and newer)
+_HW_E2M1_ARCH = 100  # cvt.rn.satfinite.e2m1x2.f32 (sm_100a / sm_103a / sm_110a / sm_120a / sm_121a)
+_MAX_THREADS = 2**32  # the kernel's 32-bit thread index
+_F32 = struct.Struct("f")
+
+
+@functools.lru_cache(maxsize=None)
+def supported_k() -> frozenset:
+    """Row lengths K with a kernel variant (``params.K`` of ``specs/nvfp4_quantize.yaml``)."""
+    return frozenset(get_spec(SPEC).allowed("K"))
+
+
+def _layout(sfLayout) -> SfLayout:
+    """SfLayout, its int / name, or another library's enum member with the same name (FlashInfer's)."""
+    if isinstance(sfLayout, enum.Enum) and not isinstance(sfLayout, SfLayout):
+        sfLayout = sfLayout.name
+    return to_sf_layout(sfLayout)
+
+
+def _global_scale(a_global_sf, device: torch.device):
+    """(device pointer or 0, float value) of the global scale; no host<->device traffic."""
+    if isinstance(a_global_sf, torch.Tensor):
+        if a_global_sf.numel() != 1:
+            raise ValueError(
+                f"a_global_sf: expected a one-element tensor (or a Python float), got shape {tuple(a_global_sf.shape)}"
+            )
+        if a_global_sf.dtype != torch.float32:
+            raise TypeError(f"a_global_sf: expected dtype float32, got {str(a_global_sf.dtype).replace('torch.', '')}")
+        if a_global_sf.device != device:
+            raise ValueError(
+                f"a_global_sf: expected a tensor on {device} (like a), got one on {a_global_sf.device}; "
+                f"move it once (.to(a.device)) or pass a Python float"
+            )
+        return a_global_sf.data_ptr(), 0.0
+    if isinstance(a_global_sf, bool) or not isinstance(a_global_sf, (int, float)):
+        raise TypeError(
+            f"a_global_sf: expected a one-element float32 tensor or a Python float, got {type(a_global_sf).__name__}"
+        )
+    value = float(a_global_sf)
+    try:
+        f32 = _F32.unpack(_F32.pack(value))[0]  # the value the kernel will see
+    except OverflowError:
+        f32 = math.inf
+    if not (f32 > 0.0 and math.isfinite(f32)):
+        raise ValueError(f"a_global_sf: expected a finite value > 0 (as float32), got {value!r}")
+    return 0, f32
+
+
+def _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend) -> SfLayout:
+    layout = _layout(sfLayout)
+    if isinstance(sf_vec_size, bool) or not isinstance(sf_vec_size, int):
+        raise TypeError(f"sf_vec_size: expected an int, got {type(sf_vec_size).__name__}")
+    if sf_vec_size != SF_VEC_SIZE:
+        raise ValueError(
+            f"sf_vec_size: only {SF_VEC_SIZE} (NVFP4: e4m3 scale per 16 elements) is supported, got {sf_vec_size} "
+            f"(32 would be MXFP4, which gdnjit does not implement)"
+        )
+    if not isinstance(do_shuffle, bool):
+        raise TypeError(f"do_shuffle: expected a bool, got {type(do_shuffle).__name__}")
+    if do_shuffle:
+        raise ValueError(
+            "do_shuffle: True is not supported. In FlashInfer it prepares *weights* for its TRT-LLM-gen GEMM "
+            "(rows of the packed data and of the scale factors permuted for a 128-row epilogue tile); it is not "
+            "an activation layout. Pass do_shuffle=False (activations), and prepare weights with FlashInfer "
+            "at load time."
+        )
+    if enable_pdl is not None and not isinstance(enable_pdl, bool):
+        raise TypeError(f"enable_pdl: expected None or a bool, got {type(enable_pdl).__name__}")
+    if not isinstance(backend, str) or backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
+    return layout
+
+
+def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, sf_vec_size=16, enable_pdl=None,
+             backend="gdnjit", require_cuda: bool = True, arch: Optional[str] = None):
+    """All argument checks and the output allocation.
+
+    Returns ``(fp4, sf, call)`` where ``call`` is ``(params, facts, kernel args, device index)``,
+    or None when there is nothing to launch (M == 0). ``require_cuda=False`` (with ``arch``, e.g.
+    ``'sm_90'``) lets CPU tests exercise every other check with CPU tensors.
+    """
+    (_v.cuda_tensor if require_cuda else _v.tensor)("a", a)
+    if a.dtype not in _IN_DTYPES:
+        raise TypeError(f"a: expected dtype float16, bfloat16 or float8_e4m3fn, got {str(a.dtype).replace('torch.', '')}")
+    if a.dim() < 2:
+        raise ValueError(f"a: expected at least 2 dims [M, K], got shape {tuple(a.shape)}")
+    K = a.shape[-1]
+    if K <= 0 or K % SF_VEC_SIZE:
+        raise ValueError(f"a: the last dim K must be a positive multiple of {SF_VEC_SIZE}, got K={K}")
+    layout = _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)
+    if K not in supported_k():
+        raise ValueError(
+            f"a: no kernel variant for K={K} (K is compile-time; supported: {sorted(supported_k())}). To add it, "
+            f"append {K} to `params.K` in gdnjit/specs/nvfp4_quantize.yaml; it compiles on first use."
+        )
+    _v.inner_contiguous("a", a)
+    try:
+        x = a.view(-1, K)
+    except RuntimeError:
+        raise ValueError(
+            f"a: the leading dims of shape {tuple(a.shape)} with strides {a.stride()} cannot be viewed as rows "
+            f"[numel / K, K] with one row stride; make it contiguous first"
+        ) from None
+    M = x.shape[0]
+    device = a.device
+    _v.aligned("a", x, 16)
+    gs_ptr, gs_value = _global_scale(a_global_sf, device)
+
+    n_blocks = K // SF_VEC_SIZE
+    sf_rows, sf_cols = padded_sf_shape(M, n_blocks, layout)
+    if sf_rows * n_blocks + 256 > _MAX_THREADS:
+        raise ValueError(f"a: {M} rows of K={K} are too many for one call (at most 2^32 16-element blocks); split it")
+    fp4 = torch.empty((M, K // 2), dtype=torch.uint8, device=device)
+    sf = torch.empty((sf_rows, sf_cols), dtype=torch.uint8, device=device)
+    if M == 0:
+        return fp4, sf, None
+
+    if require_cuda:
+        dev = device.index if device.index is not None else torch.cuda.current_device()
+        arch = kernels.device_info(dev).arch
+    else:
+        dev = device.index if device.index is not None else 0
+    arch_num = int(arch[3:].rstrip("af"))
+    if arch_num < _MIN_ARCH:
+        raise ValueError(
+            f"a: NVFP4 quantization needs compute capability 8.9 or newer (e4m3 conversions); {device} is {arch}"
+        )
+    params = (_IN_DTYPES[a.dtype], _LAYOUT_PARAM[layout], K, arch_num >= _HW_E2M1_ARCH)
+    values = (x.data_ptr(), fp4.data_ptr(), sf.data_ptr(), gs_ptr, x.stride(0), M, sf_rows, gs_value)
+    return fp4, sf, (params, (M,), values, dev)
+
+
+def nvfp4_quantize(
+    a: torch.Tensor,
+    a_global_sf,
+    sfLayout=SfLayout.layout_128x4,
+    do_shuffle: bool = False,
+    sf_vec_size: int = 16,
+    enable_pdl: Optional[bool] = None,
+    backend: str = "gdnjit",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantize activations to NVFP4 (e2m1 values, one e4m3 scale per 16 elements, global scale).
+
+    Args:
+        a: ``[M, K]`` float16 / bfloat16 / float8_e4m3fn CUDA tensor; more dims are flattened to
+            ``[numel // K, K]`` (they must be viewable so). K a multiple of 16 listed in
+            ``params.K`` of ``specs/nvfp4_quantize.yaml`` (real model sizes; append others there).
+            The last dim must be contiguous; rows may be strided (the row stride is a kernel
+            argument), with the base and the row stride 16-byte aligned. Compute capability >= 8.9.
+        a_global_sf: the global scale ``gs``: a one-element float32 tensor on ``a``'s device (read
+            by the kernel: no host sync, CUDA-graph safe; it must hold a finite value > 0, not
+            checked) or a Python float (finite, > 0; rounded to float32).
+        sfLayout: :class:`SfLayout` (also its int value / name, or FlashInfer's ``SfLayout``
+            member): ``layout_128x4`` (default, swizzled for tcgen05 / cuBLASLt GEMMs),
+            ``layout_8x4`` or ``layout_linear`` (see :mod:`gdnjit.sf_layout`).
+        do_shuffle: must be False. FlashInfer's True permutes rows of a *weight* and its scales for
+            its TRT-LLM-gen GEMM (128-row epilogue tiles); that weight-preparation step is not an
+            activation layout and is refused with a ValueError.
+        sf_vec_size: must be 16 (NVFP4). 32 (MXFP4) raises ValueError.
+        enable_pdl: accepted for FlashInfer compatibility (None / False / True) and ignored: the
+            kernel is launched without programmatic dependent launch. PDL only lets the next
+            kernel's prologue overlap this one; results are identical.
+        backend: ``"gdnjit"`` (the JIT kernel) or ``"reference"`` (the torch reference; slow,
+            synchronises, works on any device).
+
+    Returns:
+        ``(fp4, sf)``: ``fp4`` uint8 ``[M, K // 2]`` (element ``2i`` in the low nibble);
+        ``sf`` uint8 ``[padded_rows, padded_cols]`` of e4m3 bit patterns in ``sfLayout``
+        (``128x4``: rows padded to 128 and columns to 4; ``8x4``: 8 and 4; ``linear``:
+        ``[M, K // 16]``), padding written as 0. FlashInfer returns the same bytes viewed as
+        ``(-1, K // 16)``, which is the same shape whenever ``K % 64 == 0``; it returns ``fp4``
+        with ``a``'s leading dims, gdnjit flattened to ``[M, K // 2]`` (``fp4.view(*lead, K // 2)``).
+
+    Special values (as the reference): NaN elements are skipped by the block max (an all-NaN block
+    gets scale byte 0x7F); NaN and Inf elements encode as magnitude 6; every code's sign bit is
+    the input element's sign bit (``-0.0`` and negatives rounding to 0 give ``0x8``).
+
+    Raises:
+        TypeError / ValueError naming the argument: wrong types, dtypes, shapes, strides, devices,
+        K not a multiple of 16 or without a variant, unsupported options, unknown backend.
+    """
+    if backend != "gdnjit":
+        layout = _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)  # unknown backend: raises
+        from .reference.nvfp4 import quantize_reference
+
+        return quantize_reference(a, a_global_sf, layout)
+    fp4, sf, call = _prepare(a, a_global_sf, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)
+    if call is not None:
+        _launch(call)
+    return fp4, sf
+
+
+def _launch(call) -> None:
+    """Launch the kernel for a ``call`` from :func:`_prepare` on the current stream of its device."""
+    params, facts, values, dev = call
+    launcher, grid = kernels.resolve(get_spec(SPEC), params, facts, dev)
+    if torch.cuda.current_device() != dev:
+        with torch.cuda.device(dev):
+            launcher(grid, values)
+    else:
+        launcher(grid, values)
+
+
+def dequantize_nvfp4(
+    fp4: torch.Tensor,
+    sf: torch.Tensor,
+    a_global_sf,
+    sfLayout=SfLayout.layout_128x4,
+    m: Optional[int] = None,
+    k: Optional[int] = None,
+) -> torch.Tensor:
+    """Expand NVFP4 data back to float32 ``[m, k]``: ``e2m1(code) * float(sf) / gs`` (torch reference).
+
+    ``m`` / ``k`` default to ``fp4.shape[0]`` / ``2 * fp4.shape[1]`` for a 2-D ``fp4``. Works on any
+    device; reads a tensor ``a_global_sf`` on the host (synchronises).
+    """
+    from .reference.nvfp4 import dequantize_reference
+
+    if m is None or k is None:
+        if not isinstance(fp4, torch.Tensor) or fp4.dim() != 2:
+            raise ValueError("m, k: required unless fp4 is a 2-D [m, k // 2] tensor")
+        m = fp4.shape[0] if m is None else m
+        k = 2 * fp4.shape[1] if k is None else k
+    return dequantize_reference(fp4, sf, a_global_sf, _layout(sfLayout), m, k)

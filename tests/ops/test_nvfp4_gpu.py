@@ -1,0 +1,215 @@
+"""NVFP4 quantization kernels on the GPU against the torch reference, byte for byte (run on the device:
+pytest -m gpu tests/ops/test_nvfp4_gpu.py).
+
+Every case draws fresh random inputs with a spread of block maxima (zero blocks, -0.0 blocks, huge and
+tiny blocks, spikes, subnormals), poisons both outputs with 0xFF before the launch, and requires the
+packed codes and the whole scale buffer (padding included) to equal the reference exactly.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+import gdnjit
+from gdnjit import kernels, nvfp4
+from gdnjit import expr as _expr
+from gdnjit.reference.nvfp4 import dequantize_reference, e4m3_decode, quantize_reference
+from gdnjit.sf_layout import SfLayout, sf_offsets
+from gdnjit.spec import get_spec
+from gdnjit.variant import Variant
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+LAYOUTS = (SfLayout.layout_128x4, SfLayout.layout_8x4, SfLayout.layout_linear)
+# exponent range of the per-block magnitudes (randn * 2^e / 4 stays finite in the dtype)
+EXP_RANGE = {"fp16": (-24, 15), "bf16": (-100, 100), "fp8": (-10, 8)}
+MAX = {"fp16": 60000.0, "bf16": 1e38, "fp8": 448.0}
+
+
+def make_input(M: int, K: int, dtype: str, seed: int, device="cuda") -> torch.Tensor:
+    """[M, K] with per-block magnitudes log-uniform over the dtype's range, and special blocks."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    n = K // 16
+    x = torch.randn(M, n, 16, generator=g, device=device)
+    lo, hi = EXP_RANGE[dtype]
+    e = torch.randint(lo, hi + 1, (M, n, 1), generator=g, device=device).float()
+    x = x * torch.exp2(e) / 4
+    kind = torch.randint(0, 16, (M, n), generator=g, device=device)
+    x[kind == 0] = 0.0                        # zero block: sf 0
+    x[kind == 1] = -0.0                       # negative zeros: codes 0x8
+    x[kind == 2] *= 2.0 ** -40                # tiny next to normal blocks (sf underflow / subnormal e4m3)
+    spike = kind == 3                         # one large element, the rest round to zero
+    x[spike] *= 2.0 ** -12
+    x[spike, 0] = torch.exp2(e[spike, 0]) * 3
+    x[kind == 4] = torch.exp2(e[kind == 4]) * 0.75  # all equal: every element is amax
+    x = x.clamp(-MAX[dtype], MAX[dtype])
+    return x.view(M, K).to(DTYPES[dtype])
+
+
+def global_scale(a: torch.Tensor, mode: str):
+    """The global scale in one of four regimes, as a device tensor or a Python float."""
+    amax = a.float().abs().nan_to_num(0.0).amax().clamp_min(1e-30)
+    if mode == "recipe-tensor":               # the usual 448 * 6 / amax, never read on the host
+        return (448.0 * 6.0 / amax).reshape(1)
+    if mode == "recipe-float":
+        return float(448.0 * 6.0 / amax)
+    if mode == "huge":                        # most scales saturate at 448
+        return 2.0 ** 40
+    return 2.0 ** -30                         # "tiny": most scales round to 0 (codes 0x0 / 0x8)
+
+
+def run_poisoned(a, gs, layout):
+    """The public call's exact path (validation, allocation, dispatch, launch) with 0xFF-filled outputs."""
+    fp4, sf, call = nvfp4._prepare(a, gs, layout)
+    fp4.fill_(0xFF)
+    sf.fill_(0xFF)
+    if call is not None:
+        nvfp4._launch(call)
+    return fp4, sf
+
+
+def check(got, ref, what: str):
+    fp4, sf = got
+    rfp4, rsf = ref
+    assert fp4.shape == rfp4.shape and sf.shape == rsf.shape, f"{what}: shapes {fp4.shape} {sf.shape}"
+    bad = (fp4 != rfp4).nonzero()
+    assert bad.numel() == 0, (f"{what}: {bad.shape[0]} packed bytes differ, first at {bad[:5].tolist()}: "
+                              f"got {fp4[tuple(bad[0])].item():#04x}, want {rfp4[tuple(bad[0])].item():#04x}")
+    bad = (sf != rsf).nonzero()
+    assert bad.numel() == 0, (f"{what}: {bad.shape[0]} scale bytes differ (padding included), first at "
+                              f"{bad[:5].tolist()}: got {sf[tuple(bad[0])].item():#04x}, want {rsf[tuple(bad[0])].item():#04x}")
+
+
+CASES = list(itertools.product(DTYPES, LAYOUTS, (1, 3, 127, 128, 1000, 4096), (16, 48, 64, 2048, 7168)))
+GS_MODES = ("recipe-tensor", "recipe-float", "huge", "tiny")
+
+
+@pytest.mark.parametrize("dtype,layout,M,K", CASES, ids=[f"{d}-{l.name[7:]}-M{m}-K{k}" for d, l, m, k in CASES])
+def test_matches_reference_bit_exact(dtype, layout, M, K):
+    i = CASES.index((dtype, layout, M, K))
+    a = make_input(M, K, dtype, seed=1000 + i)
+    for mode in (GS_MODES[i % 2], GS_MODES[2 + (i // 2) % 2]):  # a recipe scale and an extreme one
+        gs = global_scale(a, mode)
+        check(run_poisoned(a, gs, layout), quantize_reference(a, gs, layout), f"{dtype} {layout.name} M={M} K={K} {mode}")
+
+
+def test_special_values_cpu_reference():
+    """NaN / Inf / all-NaN blocks / signed zeros against the reference run on the CPU (the decisions in
+    reference/nvfp4.py). The kernel takes every code's sign from the input element's bits and maps NaN to
+    magnitude 6 before any conversion instruction, so NaN elements compare exactly too."""
+    for dtype in DTYPES:
+        a = make_input(64, 256, dtype, seed=7).float()
+        a[0, :16] = float("nan")                                  # all-NaN block: sf 0x7F, codes 0x7/0xF
+        a[1, 3] = float("nan")                                    # NaN inside a finite block: skipped by amax
+        a[2, 5] = -float("nan")
+        a[3, :16] = -0.0
+        a[4, 16:32] = torch.tensor([-0.01] * 15 + [4.0])          # negatives rounding to zero: 0x8
+        if dtype != "fp8":
+            a[5, 7] = float("inf")                                # Inf: sf 448, code 7
+            a[6, 40] = -float("inf")
+        a = a.to(DTYPES[dtype]).cuda()
+        for layout in LAYOUTS:
+            for gs in (1.0, 448.0 * 6.0 / 1000.0, torch.tensor([0.37], device="cuda")):
+                got = run_poisoned(a, gs, layout)
+                ref = quantize_reference(a.cpu(), gs.cpu() if isinstance(gs, torch.Tensor) else gs, layout)
+                check(tuple(t.cpu() for t in got), ref, f"specials {dtype} {layout.name} gs={gs}")
+
+
+def test_public_api_strided_and_batched_inputs():
+    base = make_input(300, 4096 + 64, "bf16", seed=3)
+    a = base[:, 32:32 + 4096]                    # row stride 4160 elements, 16-byte aligned
+    gs = global_scale(a, "recipe-tensor")
+    check(gdnjit.nvfp4_quantize(a, gs), quantize_reference(a, gs), "strided rows")
+    a3 = make_input(6 * 50, 2048, "fp16", seed=4).view(6, 50, 2048)
+    for layout in LAYOUTS:
+        check(gdnjit.nvfp4_quantize(a3, 2.5, layout), quantize_reference(a3, 2.5, layout), f"3-D {layout.name}")
+    fp4, sf = gdnjit.nvfp4_quantize(a3[:0], 1.0)
+    assert fp4.shape == (0, 1024) and sf.shape == (0, 128)
+
+
+def test_every_tunable_matches():
+    """Variants the rules do not pick today (blocks_per_thread 4, every CTA size) are still exact."""
+    spec = get_spec("nvfp4_quantize")
+    dev = torch.cuda.current_device()
+    arch = kernels.device_info(dev).arch
+    hw = int(arch[3:].rstrip("af")) >= 100
+    for dtype, K, layout in itertools.product(DTYPES, (64, 2048), LAYOUTS):
+        a = make_input(130, K, dtype, seed=K)
+        gs = global_scale(a, "recipe-float")
+        ref = quantize_reference(a, gs, layout)
+        params = dict(in_dtype={"fp8": "fp8e4m3"}.get(dtype, dtype), sf_layout=nvfp4._LAYOUT_PARAM[layout], K=K,
+                      hw_e2m1=hw)
+        for tun in spec.all_tunable_choices():
+            if spec.violations(params, tun):
+                continue
+            variant = Variant.make(spec, params, tun, arch)
+            launcher = kernels.get_launcher(variant, dev)
+            fp4, sf, call = nvfp4._prepare(a, gs, layout)
+            fp4.fill_(0xFF)
+            sf.fill_(0xFF)
+            grid = _expr.evaluate(dict(spec.launch)["grid"], dict(variant.values, M=130, num_sms=1))
+            launcher(int(grid), call[2])
+            check((fp4, sf), ref, variant.describe())
+
+
+def test_round_trip_error_within_format_bound():
+    """|dequant(quant(x)) - x| <= one scale step s = float(sf) / gs per block: e2m1 rounding is at most
+    half a grid step (<= 1 at magnitudes 4..6, in units of s) and a scale rounded down by e4m3 (<= 1/16)
+    saturates at most 6 * 1/16 < 1 step. Holds with the recipe scale (sf <= 448, normal e4m3)."""
+    for dtype in ("bf16", "fp16"):
+        g = torch.Generator(device="cuda").manual_seed(11)
+        x = (torch.randn(512, 2048, generator=g, device="cuda") * torch.exp2(
+            torch.randint(-4, 5, (512, 128, 1), generator=g, device="cuda").float()).repeat_interleave(16, -1)
+             .view(512, 2048)).to(DTYPES[dtype])
+        for layout in LAYOUTS:
+            gs = global_scale(x, "recipe-tensor")
+            fp4, sf = gdnjit.nvfp4_quantize(x, gs, layout)
+            deq = gdnjit.dequantize_nvfp4(fp4, sf, gs, layout, 512, 2048)
+            assert torch.equal(deq, dequantize_reference(fp4, sf, gs, layout, 512, 2048))
+            scales = e4m3_decode(sf.view(-1)[sf_offsets(512, 128, layout, device="cuda").view(-1)]).view(512, 128, 1)
+            step = (scales / gs.reshape(1, 1, 1)).expand(512, 128, 16).reshape(512, 2048)
+            err = (deq - x.float()).abs()
+            assert bool((err <= step * (1 + 1e-6)).all()), f"{dtype} {layout.name}: max err/step {(err / step).max()}"
+            rel = (err.square().mean() / x.float().square().mean()).sqrt()
+            assert rel < 0.15, f"{dtype} {layout.name}: relative rms error {rel}"
+
+
+def test_cuda_graph_capture_and_replay():
+    """Captured calls read the input and the device global scale at replay time (no host copies)."""
+    a = make_input(1000, 7168, "bf16", seed=21)
+    gs = global_scale(a, "recipe-tensor")
+    nvfp4_quantize = gdnjit.nvfp4_quantize
+    for layout in LAYOUTS:
+        nvfp4_quantize(a, gs, layout)  # compile / load outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    outs = []
+    with torch.cuda.graph(graph):
+        for layout in LAYOUTS:
+            outs.append(nvfp4_quantize(a, gs, layout))
+    for step in range(3):
+        a.copy_(make_input(1000, 7168, "bf16", seed=22 + step))
+        gs.copy_(global_scale(a, "recipe-tensor") * (1.0 + step))
+        for o in outs:
+            o[0].fill_(0xFF)
+            o[1].fill_(0xFF)
+        graph.replay()
+        torch.cuda.synchronize()
+        for layout, o in zip(LAYOUTS, outs):
+            check(o, quantize_reference(a, gs, layout), f"graph replay {step} {layout.name}")
+
+
+def test_runs_on_the_current_stream():
+    a = make_input(4096, 2048, "fp16", seed=31)
+    ref = quantize_reference(a, 1.5)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(1_000_000)  # the kernel must wait for this on the same stream
+        got = gdnjit.nvfp4_quantize(a, 1.5)
+    side.synchronize()
+    check(got, ref, "side stream")

@@ -1,0 +1,189 @@
+"""NVFP4 API argument checks on the CPU: every bad argument gives the documented exception type with a
+message naming the argument, before any kernel could run (``nvfp4._prepare(require_cuda=False, arch=...)``
+runs every check except the CUDA-device one on CPU tensors)."""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+import torch
+
+import gdnjit
+from gdnjit import nvfp4
+from gdnjit.reference.nvfp4 import dequantize_reference, quantize_reference
+from gdnjit.sf_layout import SfLayout
+
+
+def prep(a=None, gs=1.0, arch="sm_90", **kw):
+    if a is None:
+        a = torch.randn(5, 64, dtype=torch.bfloat16)
+    return nvfp4._prepare(a, gs, require_cuda=False, arch=arch, **kw)
+
+
+class ForeignSfLayout(enum.Enum):  # stands in for flashinfer.SfLayout (a plain Enum)
+    layout_128x4 = 0
+    layout_8x4 = 1
+    layout_linear = 2
+
+
+def test_exports():
+    assert gdnjit.nvfp4_quantize is nvfp4.nvfp4_quantize
+    assert gdnjit.SfLayout is SfLayout
+    assert gdnjit.dequantize_nvfp4 is nvfp4.dequantize_nvfp4
+    assert {"nvfp4_quantize", "SfLayout", "dequantize_nvfp4"} <= set(dir(gdnjit))
+
+
+def test_valid_call_params_and_args():
+    a = torch.randn(5, 64, dtype=torch.bfloat16)
+    fp4, sf, call = prep(a, 2.0)
+    assert fp4.shape == (5, 32) and fp4.dtype == torch.uint8
+    assert sf.shape == (128, 4) and sf.dtype == torch.uint8
+    params, facts, values, dev = call
+    assert params == ("bf16", "128x4", 64, False) and facts == (5,) and dev == 0
+    spec = gdnjit.spec.get_spec("nvfp4_quantize")
+    named = dict(zip([n for n, _ in spec.args], values))
+    assert named["x"] == a.data_ptr() and named["q"] == fp4.data_ptr() and named["sf"] == sf.data_ptr()
+    assert named["gs_ptr"] == 0 and named["gs_value"] == 2.0
+    assert named["x_stride"] == 64 and named["M"] == 5 and named["sf_rows"] == 128
+
+
+def test_hw_e2m1_follows_arch():
+    for arch, hw in (("sm_89", False), ("sm_90", False), ("sm_100a", True), ("sm_103a", True), ("sm_120a", True)):
+        assert prep(arch=arch)[2][0][3] is hw
+
+
+@pytest.mark.parametrize("layout,shape", [
+    (SfLayout.layout_128x4, (128, 4)), (SfLayout.layout_8x4, (8, 4)), (SfLayout.layout_linear, (5, 3)),
+    ("8x4", (8, 4)), (2, (5, 3)), ("layout_128x4", (128, 4)), (ForeignSfLayout.layout_8x4, (8, 4)),
+])
+def test_layouts_and_padded_shapes(layout, shape):
+    fp4, sf, call = prep(torch.randn(5, 48, dtype=torch.float16), sfLayout=layout)
+    assert sf.shape == shape and fp4.shape == (5, 24)
+
+
+def test_strided_rows_flattening_and_dtypes():
+    base = torch.randn(6, 200, dtype=torch.bfloat16)
+    _, _, call = prep(base[:, 8:136])  # K = 128, row stride 200 elements (400 bytes)
+    assert call[2][4] == 200 and call[0][2] == 128
+    x3 = torch.randn(2, 3, 256, dtype=torch.float16)
+    fp4, sf, call = prep(x3, sfLayout="linear")
+    assert fp4.shape == (6, 128) and sf.shape == (6, 16) and call[1] == (6,) and call[0][0] == "fp16"
+    x8 = torch.randn(4, 32).to(torch.float8_e4m3fn)
+    assert prep(x8)[2][0][0] == "fp8e4m3"
+    row = torch.randn(1, 16, dtype=torch.bfloat16)
+    assert prep(row)[2][1] == (1,)
+
+
+def test_global_scale_tensor_and_float():
+    gs = torch.tensor([3.0])
+    values = prep(gs=gs)[2][2]
+    assert values[3] == gs.data_ptr() and values[7] == 0.0
+    values = prep(gs=torch.tensor(0.5))[2][2]  # 0-dim works too
+    assert values[3] != 0
+    values = prep(gs=3)[2][2]
+    assert values[3] == 0 and values[7] == 3.0
+    values = prep(gs=0.1)[2][2]
+    assert values[7] == torch.tensor(0.1, dtype=torch.float32).item()  # rounded to float32 on the host
+
+
+def test_empty_input_needs_no_launch():
+    fp4, sf, call = prep(torch.randn(0, 64, dtype=torch.bfloat16))
+    assert call is None and fp4.shape == (0, 32) and sf.shape == (0, 4)
+    fp4, sf, call = prep(torch.randn(2, 0, 64, dtype=torch.bfloat16), sfLayout="linear")
+    assert call is None and sf.shape == (0, 4)
+
+
+def test_enable_pdl_accepted_as_noop():
+    for pdl in (None, False, True):
+        assert prep(enable_pdl=pdl)[2] is not None
+
+
+_BAD = [
+    (dict(a=[[1.0] * 16]), TypeError, "a: expected a torch.Tensor"),
+    (dict(a=torch.randn(4, 64)), TypeError, "a: expected dtype float16, bfloat16 or float8_e4m3fn"),
+    (dict(a=torch.randn(4, 64, dtype=torch.float64)), TypeError, "a: expected dtype"),
+    (dict(a=torch.randn(64, dtype=torch.bfloat16)), ValueError, "a: expected at least 2 dims"),
+    (dict(a=torch.randn(4, 40, dtype=torch.bfloat16)), ValueError, "a: the last dim K must be a positive multiple of 16"),
+    (dict(a=torch.randn(4, 0, dtype=torch.bfloat16)), ValueError, "a: the last dim K must be a positive multiple"),
+    (dict(a=torch.randn(4, 80, dtype=torch.bfloat16)), ValueError, "params.K` in gdnjit/specs/nvfp4_quantize.yaml"),
+    (dict(a=torch.randn(64, 8, dtype=torch.bfloat16).t()), ValueError, "a: the last dimension must be contiguous"),
+    (dict(a=torch.randn(4, 6, 64, dtype=torch.bfloat16).transpose(0, 1)), ValueError, "cannot be viewed as rows"),
+    (dict(a=torch.randn(4, 80, dtype=torch.bfloat16)[:, 4:68]), ValueError, "a: data pointer must be 16-byte aligned"),
+    (dict(a=torch.randn(4, 68, dtype=torch.bfloat16)[:, :64]), ValueError, "a: stride of dim 0 must be a multiple of 16"),
+    (dict(gs=torch.tensor([1.0, 2.0])), ValueError, "a_global_sf: expected a one-element tensor"),
+    (dict(gs=torch.tensor([1.0], dtype=torch.float64)), TypeError, "a_global_sf: expected dtype float32"),
+    (dict(gs=torch.tensor([1], dtype=torch.int32)), TypeError, "a_global_sf: expected dtype float32"),
+    (dict(gs=torch.empty(1, device="meta")), ValueError, "a_global_sf: expected a tensor on cpu (like a)"),
+    (dict(gs="1.0"), TypeError, "a_global_sf: expected a one-element float32 tensor or a Python float"),
+    (dict(gs=None), TypeError, "a_global_sf: expected"),
+    (dict(gs=True), TypeError, "a_global_sf: expected"),
+    (dict(gs=0.0), ValueError, "a_global_sf: expected a finite value > 0"),
+    (dict(gs=-2.0), ValueError, "a_global_sf: expected a finite value > 0"),
+    (dict(gs=float("inf")), ValueError, "a_global_sf: expected a finite value > 0"),
+    (dict(gs=float("nan")), ValueError, "a_global_sf: expected a finite value > 0"),
+    (dict(gs=1e39), ValueError, "a_global_sf: expected a finite value > 0 (as float32)"),
+    (dict(gs=1e-50), ValueError, "a_global_sf: expected a finite value > 0 (as float32)"),
+    (dict(sfLayout=7), ValueError, "sfLayout: expected an SfLayout"),
+    (dict(sfLayout="16x4"), ValueError, "sfLayout: expected an SfLayout"),
+    (dict(sfLayout=True), ValueError, "sfLayout"),
+    (dict(sfLayout=None), ValueError, "sfLayout"),
+    (dict(sf_vec_size=32), ValueError, "sf_vec_size: only 16"),
+    (dict(sf_vec_size=8), ValueError, "sf_vec_size: only 16"),
+    (dict(sf_vec_size="16"), TypeError, "sf_vec_size: expected an int"),
+    (dict(sf_vec_size=16.0), TypeError, "sf_vec_size: expected an int"),
+    (dict(do_shuffle=True), ValueError, "do_shuffle: True is not supported"),
+    (dict(do_shuffle=1), TypeError, "do_shuffle: expected a bool"),
+    (dict(enable_pdl=1), TypeError, "enable_pdl: expected None or a bool"),
+    (dict(enable_pdl="yes"), TypeError, "enable_pdl: expected None or a bool"),
+    (dict(backend="cutlass"), ValueError, "backend: expected one of ['gdnjit', 'reference']"),
+    (dict(backend=None), ValueError, "backend: expected one of"),
+    (dict(arch="sm_80"), ValueError, "compute capability 8.9"),
+    (dict(arch="sm_86"), ValueError, "compute capability 8.9"),
+]
+
+
+@pytest.mark.parametrize("over,exc,needle", _BAD, ids=[n[:40] for _, _, n in _BAD])
+def test_argument_errors(over, exc, needle):
+    with pytest.raises(exc) as info:
+        prep(**over)
+    assert needle in str(info.value)
+
+
+def test_unsupported_k_message_lists_how_to_add():
+    with pytest.raises(ValueError) as info:
+        prep(torch.randn(2, 96, dtype=torch.float16))
+    msg = str(info.value)
+    assert "K=96" in msg and "7168" in msg and "append 96" in msg
+
+
+def test_public_api_refuses_cpu_tensors():
+    with pytest.raises(ValueError, match="a: expected a CUDA tensor"):
+        gdnjit.nvfp4_quantize(torch.randn(4, 64, dtype=torch.bfloat16), 1.0)
+
+
+def test_public_api_checks_options_before_the_device():
+    # option errors name their argument even for the reference backend
+    a = torch.randn(4, 64, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="do_shuffle"):
+        gdnjit.nvfp4_quantize(a, 1.0, do_shuffle=True, backend="reference")
+    with pytest.raises(ValueError, match="sf_vec_size"):
+        gdnjit.nvfp4_quantize(a, 1.0, sf_vec_size=32, backend="reference")
+    with pytest.raises(ValueError, match="backend"):
+        gdnjit.nvfp4_quantize(a, 1.0, backend="triton")
+
+
+def test_reference_backend_and_dequantize_helper():
+    torch.manual_seed(0)
+    a = torch.randn(3, 2, 64, dtype=torch.bfloat16) * 10
+    gs = torch.tensor([448 * 6 / float(a.float().abs().max())])
+    for layout in (SfLayout.layout_128x4, "8x4", 2):
+        fp4, sf = gdnjit.nvfp4_quantize(a, gs, layout, backend="reference")
+        ref_fp4, ref_sf = quantize_reference(a, gs, layout)
+        assert torch.equal(fp4, ref_fp4) and torch.equal(sf, ref_sf)
+        deq = gdnjit.dequantize_nvfp4(fp4, sf, gs, layout)  # m, k from fp4's shape
+        assert torch.equal(deq, dequantize_reference(fp4, sf, gs, layout, 6, 64))
+        assert deq.shape == (6, 64)
+        assert torch.equal(gdnjit.dequantize_nvfp4(fp4, sf, gs, layout, 6, 64), deq)
+    with pytest.raises(ValueError, match="m, k: required"):
+        gdnjit.dequantize_nvfp4(fp4.view(-1), sf, gs, "linear")

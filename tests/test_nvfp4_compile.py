@@ -1,0 +1,183 @@
+"""NVFP4 quantization kernels on the CPU: every variant the dispatcher can select compiles with NVRTC
+for sm_90 (software e2m1) and sm_100a (hardware e2m1) with no spills, no stack and no warnings; the
+dispatcher / launch grid cover every row of the padded scale buffer; and the software e2m1 rounding
+formula of the template equals the reference's rounding (a float64 emulation of its fp32 steps)."""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from gdnjit import dispatch
+from gdnjit import expr as _expr
+from gdnjit.compile import CompileError
+from gdnjit.reference.nvfp4 import e2m1_satfinite_rne
+from gdnjit.spec import get_spec
+from gdnjit.variant import Variant
+
+SPEC = get_spec("nvfp4_quantize")
+ARCHS = (("sm_90", False), ("sm_100a", True))  # the op sets hw_e2m1 from the device arch
+
+
+def selectable_tunables(params: dict) -> list[dict]:
+    """Tunables of every rule the dispatcher can pick for ``params``: valid for them, and not shadowed by
+    an earlier valid rule without ``when`` (rules with ``when`` are taken as satisfiable for some M)."""
+    out = []
+    for rule in SPEC.rules:
+        use = dict(rule.use)
+        if SPEC.violations(params, use):
+            continue
+        if use not in out:
+            out.append(use)
+        if rule.when is None:
+            break
+    return out
+
+
+def all_selectable_variants() -> list[Variant]:
+    variants = []
+    for arch, hw in ARCHS:
+        for in_dtype in SPEC.allowed("in_dtype"):
+            for layout in SPEC.allowed("sf_layout"):
+                for K in SPEC.allowed("K"):
+                    params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw)
+                    for tun in selectable_tunables(params):
+                        variants.append(Variant.make(SPEC, params, tun, arch))
+    return variants
+
+
+def test_every_selectable_variant_compiles_clean():
+    variants = all_selectable_variants()
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        built = list(pool.map(lambda v: v.build().meta, variants))
+    elapsed = time.perf_counter() - t0
+    bad = [(v.describe(), m["spill_bytes"], m["stack_bytes"], m["warnings"])
+           for v, m in zip(variants, built) if m["spill_bytes"] or m["stack_bytes"] or m["warnings"]]
+    assert not bad, f"variants with spills / stack / warnings: {bad[:10]}"
+    regs = collections.defaultdict(set)
+    for v, m in zip(variants, built):
+        t = dict(v.tunables)
+        p = dict(v.params)
+        regs[(v.arch, p["in_dtype"], t["blocks_per_thread"])].add(m["registers"])
+    summary = ", ".join(f"{a}/{d}/bpt{b}: {sorted(r)}" for (a, d, b), r in sorted(regs.items()))
+    print(f"\n{len(variants)} nvfp4 variants compiled in {elapsed:.1f} s (2 threads); registers {summary}")
+    assert max(m["registers"] for m in built) <= 64  # full occupancy headroom at 256 threads per CTA
+
+
+def test_rules_pick_valid_variants_and_grid_covers_the_padded_rows():
+    launch = dict(SPEC.launch)
+    for num_sms in (78, 132, 148):
+        for in_dtype in ("bf16", "fp8e4m3"):
+            for layout in SPEC.allowed("sf_layout"):
+                for K in (16, 48, 64, 2048, 7168, 28672):
+                    for M in (1, 3, 127, 128, 1000, 4096, 70000):
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=False)
+                        tun, _ = dispatch.select(SPEC, params, dict(M=M, num_sms=num_sms))
+                        assert tun in selectable_tunables(params)
+                        values = SPEC.variant_values(params, tun)
+                        ctx = dict(values, M=M, num_sms=num_sms)
+                        grid = _expr.evaluate(launch["grid"], ctx)
+                        row_pad = values["row_pad"]
+                        sf_rows = -(-M // row_pad) * row_pad
+                        threads = _expr.evaluate(launch["block"], ctx)
+                        assert grid * threads >= sf_rows * (K // 16) // tun["blocks_per_thread"]
+                        assert (grid - 1) * threads < sf_rows * (K // 16) // tun["blocks_per_thread"]
+
+
+@pytest.mark.parametrize("layout", ["128x4", "8x4", "linear"])
+def test_thread_mapping_writes_every_scale_byte_once(layout):
+    """The template's thread -> (row, block columns) mapping, transliterated: threads of rows < M write their
+    BPT scale bytes, threads of padding rows write zeros there, the last thread of each row also zeroes the
+    padding columns; together that is every byte of the padded buffer exactly once, for every tunable."""
+    from gdnjit.sf_layout import padded_sf_shape, sf_offsets
+
+    launch = dict(SPEC.launch)
+    for K in (16, 48, 64, 112 * 16, 7168):
+        n = K // 16
+        for M in (1, 3, 127, 128, 129, 1000):
+            rows, cols = padded_sf_shape(M, n, layout)
+            # offsets of every (row < padded rows, column < padded cols): the padded layout extends the formula
+            table = sf_offsets(rows, cols, layout).numpy()
+            for bpt in SPEC.allowed("blocks_per_thread"):
+                for threads in SPEC.allowed("threads"):
+                    tun = dict(blocks_per_thread=bpt, threads=threads)
+                    params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False)
+                    if SPEC.violations(params, tun):
+                        continue
+                    values = SPEC.variant_values(params, tun)
+                    assert values["sf_cols"] == cols
+                    grid = _expr.evaluate(launch["grid"], dict(values, M=M, num_sms=132))
+                    t = np.arange(grid * threads)
+                    groups = values["groups"]
+                    r, c0 = t // groups, (t % groups) * bpt
+                    live = r < rows
+                    r, c0 = r[live], c0[live]
+                    written = [table[r, c0 + j] for j in range(bpt)]
+                    last = c0 + bpt == n
+                    written += [table[r[last], c] for c in range(n, cols)]
+                    counts = np.bincount(np.concatenate(written), minlength=rows * cols)
+                    assert counts.shape == (rows * cols,) and (counts == 1).all(), (layout, K, M, tun)
+
+
+def test_small_m_uses_small_ctas():
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=7168, hw_e2m1=False)
+    small, _ = dispatch.select(SPEC, params, dict(M=1, num_sms=132))
+    large, _ = dispatch.select(SPEC, params, dict(M=16384, num_sms=132))
+    assert small["blocks_per_thread"] == 1 and small["threads"] == 64
+    assert large["blocks_per_thread"] >= 1 and large != small
+
+
+def test_hw_instruction_only_in_hw_variants():
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=64)
+    tun = dict(blocks_per_thread=1, threads=128)
+    sw = Variant.make(SPEC, dict(params, hw_e2m1=False), tun, "sm_90").source()
+    hw = Variant.make(SPEC, dict(params, hw_e2m1=True), tun, "sm_100a").source()
+    assert "e2m1x2" not in sw and "cvt.rn.satfinite.e2m1x2.f32" in hw
+    with pytest.raises(CompileError) as info:  # the template refuses the instruction before sm_100
+        Variant.make(SPEC, dict(params, hw_e2m1=True), tun, "sm_90").build()
+    assert "hw_e2m1 needs sm_100a" in info.value.log
+
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_103a", "sm_120a"])
+def test_other_targets_compile(arch):
+    hw = arch != "sm_89"
+    for in_dtype in SPEC.allowed("in_dtype"):
+        meta = Variant.make(SPEC, dict(in_dtype=in_dtype, sf_layout="128x4", K=7168, hw_e2m1=hw),
+                            dict(blocks_per_thread=2, threads=256), arch).build().meta
+        assert meta["spill_bytes"] == 0 and not meta["warnings"]
+
+
+def _sw_e2m1(v: np.ndarray) -> np.ndarray:
+    """The template's e2m1_bits(): fp32 fma/add with 2^23 magic constants, min, & 7; the float64 sum is
+    exact for |v| >= 2^-6 (so one rounding to float32 = the fma's single rounding), smaller |v| give 0."""
+    a = np.abs(v.astype(np.float32)).astype(np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        r0 = (a * 2.0 + 8388608.0).astype(np.float32)
+        r1 = (a + 8388610.0).astype(np.float32)
+        r2 = (a * 0.5 + 8388612.0).astype(np.float32)
+    m = np.fmin(np.fmin(np.fmin(r0, r1), r2), np.float32(8388615.0))  # fminf: NaN-skipping
+    return (m.view(np.uint32) & 7).astype(np.uint8)
+
+
+def test_software_e2m1_matches_reference_rounding():
+    # every float32 within 4096 ulps of each rounding threshold and grid point, plus a random sample and specials
+    points = [0.25, 0.5, 0.75, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0, 6.0, 7.0, 8.0]
+    bits = [np.arange(int(np.float32(p).view(np.uint32)) - 4096, int(np.float32(p).view(np.uint32)) + 4096,
+                      dtype=np.int64) for p in points]
+    rng = np.random.default_rng(0)
+    bits.append(rng.integers(int(np.float32(2**-6).view(np.uint32)), int(np.float32(64.0).view(np.uint32)),
+                             size=2_000_000, dtype=np.int64))
+    v = np.concatenate(bits).astype(np.uint32).view(np.float32)
+    specials = np.array([0.0, -0.0, 2**-149, 1e-30, 2**-7, 1e3, 3e38, np.inf, -np.inf, np.nan, -6.0, -0.3],
+                        dtype=np.float32)
+    v = np.concatenate([v, -v, specials])
+    ref = (e2m1_satfinite_rne(torch.from_numpy(v)) & 7).numpy()
+    got = _sw_e2m1(v)
+    bad = np.nonzero(got != ref)[0]
+    assert bad.size == 0, f"mismatch at {v[bad[:10]]}: got {got[bad[:10]]}, want {ref[bad[:10]]}"
