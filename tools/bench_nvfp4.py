@@ -186,6 +186,8 @@ def main(argv=None) -> int:
     from gdnjit.sf_layout import to_sf_layout
 
     dev = torch.device(args.device)
+    if dev.index is None:  # "cuda" means the current device
+        dev = torch.device("cuda", torch.cuda.current_device())
     torch.cuda.set_device(dev)
     layouts = [to_sf_layout(name) for name in args.layouts]
     bws = bc.copy_bandwidths(dev)

@@ -1,0 +1,111 @@
+"""gdnjit GDN across state dtypes, layouts and verify mode, against the copy-bandwidth floor.
+
+    PYTHONPATH=$PWD python3 tools/bench_gdn_modes.py [--b 32 64 128 512] [--t 1 2 4 8] [--hv 64 32] --out DIR
+
+Modes: ``fp32`` / ``bf16`` (K-last state updated in place over a pool, T tokens), ``kmajor`` (fp32
+K-major direct state), ``verify`` / ``verify_bf16`` (intermediate states cached, pool not updated).
+Floor bytes = state read + state write (unless verify) + intermediate writes + q/k/v/o/a/b, over the
+copy bandwidth measured in the same run. CUDA-graph replay medians, rotating input sets so the
+working set is >= 3x L2 (tools/bench_common, gdnjit.tune's input builder). The dispatcher's choice
+is timed (a tuned table in the cache dir applies).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+import bench_common as bc  # noqa: E402
+
+MODES = {
+    "fp32": dict(layout="klast", state_dtype="fp32", update=True, inter_dtype="none"),
+    "bf16": dict(layout="klast", state_dtype="bf16", update=True, inter_dtype="none"),
+    "kmajor": dict(layout="kmajor", state_dtype="fp32", update=True, inter_dtype="none"),
+    "klast_direct": dict(layout="klast", state_dtype="fp32", update=True, inter_dtype="none"),
+    "verify": dict(layout="klast", state_dtype="fp32", update=False, inter_dtype="fp32"),
+    "verify_bf16": dict(layout="klast", state_dtype="bf16", update=False, inter_dtype="bf16"),
+}
+
+
+def params_for(mode: str, T: int) -> dict:
+    m = MODES[mode]
+    return dict(layout=m["layout"], K=128, V=128, T=T, in_dtype="bf16", out_dtype="bf16",
+                state_dtype=m["state_dtype"], dtb_dtype="fp32", pool=m["layout"] == "klast" and mode != "klast_direct",
+                idx_dtype="int32", same_pool=True, inter_dtype=m["inter_dtype"], ssm_idx_dtype="none",
+                update=m["update"], l2norm=True)
+
+
+def floor_bytes(p: dict, B: int, H: int, HV: int) -> int:
+    es = 4 if p["state_dtype"] == "fp32" else 2
+    state = B * HV * p["V"] * p["K"] * es
+    inter = 0 if p["inter_dtype"] == "none" else p["T"] * B * HV * p["V"] * p["K"] * (4 if p["inter_dtype"] == "fp32" else 2)
+    io = p["T"] * B * (2 * H * p["K"] + 2 * HV * p["V"] + 2 * HV) * 2
+    return state * (2 if p["update"] else 1) + inter + io
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--b", type=int, nargs="+", default=[1, 32, 64, 128, 512])
+    ap.add_argument("--t", type=int, nargs="+", default=[1, 2, 4, 8])
+    ap.add_argument("--hv", type=int, nargs="+", default=[64])
+    ap.add_argument("--h", type=int, default=16)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        print("bench_gdn_modes: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import gdnjit
+    from gdnjit.timing import time_graph_us
+    from gdnjit.tune import _gdn_calls
+
+    dev = torch.device("cuda", torch.cuda.current_device())
+    bw = bc.copy_bandwidth(dev)
+    l2 = bc.l2_bytes(dev)
+    rows = []
+    print(f"{torch.cuda.get_device_name(dev)}, copy bandwidth {bw / 1e12:.2f} TB/s")
+    print(f"{'mode':12s} {'HV':>3s} {'B':>4s} {'T':>2s} {'floor us':>9s} {'us':>9s} {'frac':>5s}")
+    for mode in args.modes:
+        for HV in args.hv:
+            for T in args.t:
+                if mode in ("kmajor", "klast_direct") and T > 1:
+                    continue
+                if mode.startswith("verify") and T == 1:
+                    continue
+                for B in args.b:
+                    p = params_for(mode, T)
+                    sets = _gdn_calls(p, B, args.h, HV, dev,
+                                      lambda nbytes: max(2, min(64, -(-3 * l2 // max(nbytes, 1)), (20 << 30) // nbytes)))
+
+                    def call(i, sets=sets, p=p):
+                        q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out = sets[i][1]
+                        if p["layout"] == "kmajor":
+                            gdnjit.gated_delta_rule_decode(q, k, v, pool, A_log, a, dt_bias, b, output=out)
+                        elif not p["pool"]:
+                            gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, pool, A_log, a, dt_bias, b, output=out)
+                        else:
+                            gdnjit.gated_delta_rule_mtp(q, k, v, pool, read, A_log, a, dt_bias, b, output=out,
+                                                        intermediate_states_buffer=inter,
+                                                        disable_state_update=not p["update"])
+
+                    us = time_graph_us(call, len(sets), calls=10, replays=20)
+                    fl = floor_bytes(p, B, args.h, HV) / bw * 1e6
+                    rows.append(dict(mode=mode, HV=HV, B=B, T=T, floor_us=round(fl, 2), us=round(us, 2),
+                                     frac=round(fl / us, 3)))
+                    print(f"{mode:12s} {HV:3d} {B:4d} {T:2d} {fl:9.1f} {us:9.1f} {fl / us:5.2f}", flush=True)
+                    del sets
+                    torch.cuda.empty_cache()
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "modes.json"), "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(dev), copy_bw=bw, rows=rows), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
