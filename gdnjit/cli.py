@@ -1,4 +1,4 @@
-"""The ``gdnjit`` command line: warm, render, list, cache ls/clear/verify/export/import, spec validate/show."""
+"""The ``gdnjit`` command line: warm, render, list, cache ls/clear/verify/evict/export/import, spec validate/show."""
 
 from __future__ import annotations
 
@@ -182,21 +182,63 @@ def cmd_list(args) -> int:
     return 0
 
 
+def _human(n: int) -> str:
+    """``123 B``, ``4.5 KiB``, ``1.2 GiB``."""
+    if n < 1024:
+        return f"{n} B"
+    for i, unit in enumerate(("KiB", "MiB", "GiB"), start=1):
+        if n < 1024 ** (i + 1) or unit == "GiB":
+            return f"{n / 1024 ** i:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
 def cmd_cache(args) -> int:
+    from .config import parse_size
+
     config = get_config()
     cache = DiskCache(config)
     if args.action == "ls":
         dirs = [(d, "ro") for d in cache.readonly] + [(cache.dir, "rw")]
         for directory, mode in dirs:
+            usage = {u.name: u for u in cache.usage(directory)}
+            n = 0
             for name, meta in cache.list_entries(directory):
+                n += 1
+                u = usage.get(name)
+                size = u.bytes if u else 0
                 if meta is None:
-                    print(f"{mode} {name}  <unreadable sidecar>")
+                    print(f"{mode} {name}  <unreadable sidecar> size={size}")
                     continue
+                used = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(u.last_used)) if u and u.last_used else "-"
                 print(f"{mode} {name}  regs={meta.get('registers')} spills={meta.get('spill_bytes')} "
-                      f"smem={meta.get('smem_bytes')} compile={meta.get('compile_s')}s size={meta.get('cubin_size')}")
+                      f"smem={meta.get('smem_bytes')} compile={meta.get('compile_s')}s size={size} used={used}")
                 if args.verbose:
                     print(f"     {meta.get('variant')}")
+            if directory.is_dir():
+                total = sum(u.bytes for u in usage.values())
+                limit = f", limit {_human(config.cache_max_bytes)}" if mode == "rw" and config.cache_max_bytes else ""
+                # the summary goes to stderr: stdout stays one line per entry (for scripts)
+                print(f"{mode} total: {n} entries, {total} bytes ({_human(total)}) in {directory}{limit}",
+                      file=sys.stderr)
         return 0
+    if args.action == "evict":
+        limit = parse_size("--max-bytes", args.max_bytes) if args.max_bytes is not None else config.cache_max_bytes
+        if limit <= 0:
+            print(f"gdnjit cache evict: no size limit (set GDNJIT_CACHE_MAX_BYTES or pass --max-bytes); "
+                  f"nothing removed from {cache.dir}")
+            return 0
+        try:
+            res = cache.evict(limit)
+        except OSError as e:
+            print(f"gdnjit cache evict: {e}", file=sys.stderr)
+            return 1
+        for name in res.removed:
+            print(f"evicted {name}")
+        for name in res.skipped:
+            print(f"skipped {name} (locked: being built or published)", file=sys.stderr)
+        print(f"evicted {len(res.removed)} entries from {cache.dir}: {_human(res.before)} -> {_human(res.after)} "
+              f"(limit {_human(limit)})")
+        return 0 if res.after <= limit else 1
     if args.action in ("export", "import"):
         if not args.file:
             print(f"gdnjit cache {args.action}: needs FILE", file=sys.stderr)
@@ -294,9 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_list)
 
     p = sub.add_parser("cache", help="inspect or maintain the on-disk cache")
-    p.add_argument("action", choices=["ls", "clear", "verify", "export", "import"])
+    p.add_argument("action", choices=["ls", "clear", "verify", "evict", "export", "import"])
     p.add_argument("file", nargs="?", help="export/import: the .tar.gz archive")
     p.add_argument("--repair", action="store_true", help="verify: delete bad entries")
+    p.add_argument("--max-bytes", default=None,
+                   help="evict: the size limit (e.g. 2G; default GDNJIT_CACHE_MAX_BYTES): least recently used "
+                        "entries are deleted until the cache fits")
     p.add_argument("-v", "--verbose", action="store_true")
     p.set_defaults(fn=cmd_cache)
 

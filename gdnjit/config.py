@@ -18,6 +18,12 @@ Environment variables:
                                 launch (a device sync; for debugging). Without it an out-of-range
                                 index stops the kernel (``__trap``) instead of corrupting memory.
 ``GDNJIT_LOG_LEVEL``            logging level name for the ``gdnjit`` logger (default WARNING)
+``GDNJIT_CACHE_MAX_BYTES``      size limit of the writable cache dir's entries: bytes, or a number with a
+                                binary suffix (``K``, ``M``, ``G``, ``T``; ``KiB``/``KB`` alike: ``500M``,
+                                ``2G``). ``0`` or unset: unlimited. After each publish the least recently
+                                used entries (by the sidecar's mtime, refreshed by hits) are deleted
+                                until the total fits; read-only dirs are never counted or touched.
+                                ``gdnjit cache evict`` applies the limit on demand.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Mapping
 
@@ -41,6 +48,30 @@ def _flag(env: Mapping[str, str], name: str) -> bool:
     raise ValueError(f"environment variable {name}: expected one of 1/0/true/false, got {raw!r}")
 
 
+_SIZE_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE | re.ASCII)
+_SIZE_UNITS = {None: 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(name: str, raw: str) -> int:
+    """Bytes from ``raw`` (``123``, ``500M``, ``1.5GiB``, ``2 g``; binary units); ``""`` is 0 (unlimited).
+
+    Raises ValueError naming ``name`` (the variable or option) for anything else, negative numbers included.
+    """
+    text = raw.strip()
+    if not text:
+        return 0
+    m = _SIZE_RE.fullmatch(text) if len(text) <= 64 else None
+    if not m:
+        raise ValueError(
+            f"{name}: expected a size in bytes, optionally with a suffix K, M, G or T "
+            f"(e.g. 500M, 2G; 0 = unlimited), got {raw!r}"
+        )
+    unit = m.group(2).lower() if m.group(2) else None
+    whole, _, frac = m.group(1).partition(".")  # exact: no float rounding or overflow
+    scale = 10 ** len(frac)
+    return (int(whole or "0") * scale + int(frac or "0")) * _SIZE_UNITS[unit] // scale
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     """All knobs, as explicit values. Build one with :func:`load_config`."""
@@ -55,6 +86,7 @@ class Config:
     save_source: bool = False
     check_indices: bool = False
     log_level: str = "WARNING"
+    cache_max_bytes: int = 0  # 0: unlimited
 
     @property
     def effective_lock_dir(self) -> Path:
@@ -89,6 +121,8 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         save_source=_flag(env, "GDNJIT_SAVE_SOURCE"),
         check_indices=_flag(env, "GDNJIT_CHECK_INDICES"),
         log_level=level,
+        cache_max_bytes=parse_size("environment variable GDNJIT_CACHE_MAX_BYTES",
+                                   env.get("GDNJIT_CACHE_MAX_BYTES", "")),
     )
 
 

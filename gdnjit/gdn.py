@@ -68,7 +68,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         sig = (layout, direct, update, l2norm, scale, (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15,
                tuple(None if x is None else (x.shape, x.stride(), x.dtype, x.get_device()) for x in tensors))
         hit = _fast.get(sig)
-    except (AttributeError, TypeError):  # a non-tensor argument: the full path reports it
+    except (AttributeError, TypeError, RuntimeError):  # a non-tensor / sparse argument: the full path reports it
         hit = sig = None
     if hit is not None:
         launcher, grid, out_shape, dev, tail = hit
@@ -232,6 +232,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         _v.same_device("output", output, device)
         _v.shape_is("output", output, (B, T, HV, V), "[B, T, HV, V]")
         _v.inner_contiguous("output", output)
+        _v.no_overlap("output", output)
     if B == 0:
         return output, None
 

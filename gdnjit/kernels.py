@@ -17,6 +17,7 @@ from . import dispatch as _dispatch
 from . import expr as _expr
 from .cache import DiskCache
 from .config import Config, get_config
+from .driver import check_driver
 from .errors import CudaError
 from .launch import Launcher, load_function
 from .spec import Spec
@@ -72,6 +73,7 @@ def get_launcher(variant: Variant, device_index: int, config: Config | None = No
     if hit is not None:
         return hit
     config = config or get_config()
+    check_driver(variant.key_fields["nvrtc_version"])  # an old driver: a clear CudaError before any compile or load
     entry = build_entry(variant, config)
     try:
         module, function = load_function(entry.cubin, variant.spec.kernel_name, device_index)

@@ -111,8 +111,12 @@ def load_shapes(name_or_path: str | Path) -> list[Problem]:
             spec = get_spec(str(call["spec"]))
         except ValueError as e:
             raise err(f"{key}.spec", str(e), call, "spec") from None
+        call_params = call.get("params") or {}
+        if not isinstance(call_params, dict):
+            raise err(f"{key}.params", f"expected a mapping of spec param -> value or [values], got {call_params!r}",
+                      call, "params")
         params = dict(defaults)
-        params.update(call.get("params") or {})
+        params.update(call_params)
         dims_from_model = {"K", "V"} & set(spec.param_names)
         extra = set(params) - set(spec.param_names)
         if extra:
@@ -124,6 +128,8 @@ def load_shapes(name_or_path: str | Path) -> list[Problem]:
         lists = []
         for n in names:
             vals = params[n] if isinstance(params[n], list) else [params[n]]
+            if not vals:
+                raise err(f"{key}.params.{n}", "an empty list of values selects nothing", call, "params")
             for v in vals:
                 if v not in spec.allowed(n):
                     raise err(f"{key}.params.{n}", f"{v!r} is not allowed by spec {spec.name} "

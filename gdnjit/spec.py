@@ -140,6 +140,11 @@ def _violations(spec: Spec, params: tuple, tunables: tuple) -> tuple[str, ...]:
     return tuple(spec._violations(dict(params), dict(tunables)))
 
 
+def _line(node: Any, sub: Any) -> int | None:
+    """Line of ``node[sub]`` when the document came from gdnjit's YAML loader (plain data has none)."""
+    return node.line_of(sub) if isinstance(node, (LineDict, LineList)) else None
+
+
 def _err(file: str, key: str, reason: str, node: Any = None, sub: Any = None) -> SpecError:
     line = None
     if isinstance(node, (LineDict, LineList)):
@@ -239,7 +244,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
         missing = _expr.names_in(text) - known
         if missing:
             raise _err(file, key, f"uses unknown names {sorted(missing)}", cons_doc, i)
-        constraints.append(Constraint(text, str(c.get("why", "")), cons_doc.line_of(i)))
+        constraints.append(Constraint(text, str(c.get("why", "")), _line(cons_doc, i)))
 
     rules_doc = doc["rules"]
     if not isinstance(rules_doc, list) or not rules_doc:
@@ -262,7 +267,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
             missing = _expr.names_in(when) - known - set(facts)
             if missing:
                 raise _err(file, key + ".when", f"uses unknown names {sorted(missing)}", r, "when")
-        rules.append(Rule(when, tuple((n, use[n]) for n in tunable_names), str(r.get("why", "")), rules_doc.line_of(i)))
+        rules.append(Rule(when, tuple((n, use[n]) for n in tunable_names), str(r.get("why", "")), _line(rules_doc, i)))
 
     launch_doc = doc["launch"]
     if not isinstance(launch_doc, dict) or set(launch_doc) != {"grid", "block", "smem"}:
@@ -322,9 +327,9 @@ def load_spec_file(path: str | Path) -> Spec:
 @functools.lru_cache(maxsize=None)
 def get_spec(name: str) -> Spec:
     """The shipped spec called ``name`` (file ``gdnjit/specs/<name>.yaml``)."""
-    path = SPEC_DIR / f"{name}.yaml"
-    if not path.is_file():
+    if not isinstance(name, str) or name not in list_specs():  # also blocks paths and absurd names
         raise ValueError(f"spec name: no shipped spec {name!r}; available: {list_specs()}")
+    path = SPEC_DIR / f"{name}.yaml"
     spec = load_spec_file(path)
     if spec.name != name:
         raise SpecError(path.name, "name", f"must equal the file name {name!r}, got {spec.name!r}")

@@ -6,6 +6,7 @@ or values. Never ``assert`` (``python -O`` removes it).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Iterable
 
 import torch
@@ -17,6 +18,8 @@ INDEX_NAMES = {torch.int32: "int32", torch.int64: "int64"}
 def tensor(name: str, x: Any, ndim: int | None = None) -> torch.Tensor:
     if not isinstance(x, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(x).__name__}")
+    if x.layout != torch.strided:
+        raise TypeError(f"{name}: expected a dense (strided) tensor, got layout {x.layout}")
     if ndim is not None and x.dim() != ndim:
         raise ValueError(f"{name}: expected {ndim} dimensions, got shape {tuple(x.shape)}")
     return x
@@ -66,10 +69,27 @@ def aligned(name: str, x: torch.Tensor, nbytes: int, strides_from: int = 0) -> N
             )
 
 
+_F32_MAX = 3.4028234663852886e38
+
+
 def real_number(name: str, x: Any) -> float:
+    """A finite Python number representable in fp32 (kernel arguments are fp32)."""
     if isinstance(x, bool) or not isinstance(x, (int, float)):
         raise TypeError(f"{name}: expected a Python float, got {type(x).__name__}")
-    return float(x)
+    try:
+        value = float(x)
+    except OverflowError:
+        raise ValueError(f"{name}: expected a finite float within fp32 range, got {x!r}") from None
+    if not math.isfinite(value) or abs(value) > _F32_MAX:
+        raise ValueError(f"{name}: expected a finite float within fp32 range, got {x!r}")
+    return value
+
+
+def no_overlap(name: str, x: torch.Tensor) -> None:
+    """Refuse outputs whose elements alias each other (a stride of 0, e.g. from ``expand``)."""
+    for d in range(x.dim()):
+        if x.shape[d] > 1 and x.stride(d) == 0:
+            raise ValueError(f"{name}: elements overlap in memory (stride 0 in dim {d}, strides {x.stride()})")
 
 
 def boolean(name: str, x: Any) -> bool:

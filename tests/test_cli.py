@@ -57,7 +57,12 @@ def cache_dir(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def planned():
-    return plan(load_shapes("qwen35.yaml"), ["sm_90"])
+    """What warm must compile: the rules' choices plus the shipped tuned tables' (gdnjit/tuned/)."""
+    from gdnjit.config import load_config
+    from gdnjit.warm import tuned_docs
+
+    docs = tuned_docs(load_config({"GDNJIT_CACHE_DIR": "/nonexistent-gdnjit-test"}))
+    return plan(load_shapes("qwen35.yaml"), ["sm_90"], tuned=docs)
 
 
 @pytest.fixture(scope="module")

@@ -6,6 +6,14 @@ fsync, ``os.replace`` — cubin first, the JSON sidecar last as the commit marke
 valid only if its sidecar parses, names the same key and matches the cubin's size and sha256;
 anything else is treated as a miss (logged once) and rebuilt, never loaded. Read-only cache
 directories are searched first and never written.
+
+Size limit (``GDNJIT_CACHE_MAX_BYTES``): a hit in the writable dir touches the entry's sidecar
+mtime (at most once per ``TOUCH_INTERVAL_S``), so the sidecar mtime is the entry's last use. After
+a publish, if the writable dir's entry files add up to more than the limit, the least recently
+used entries other than the one just published are deleted, each under its own entry lock taken
+without waiting (a locked entry is being built or published: skipped). The sidecar goes first,
+then the cubin, so a half-deleted entry is an invalid one (a miss), never a loadable one.
+Read-only dirs are never counted or touched.
 """
 
 from __future__ import annotations
@@ -15,12 +23,11 @@ import hashlib
 import json
 import logging
 import os
-import io
 import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import filelock
 
@@ -44,6 +51,26 @@ class Entry:
 
 
 @dataclasses.dataclass(frozen=True)
+class EntryUsage:
+    """Disk use of one entry of a cache dir (``DiskCache.usage``)."""
+
+    name: str
+    bytes: int  # cubin + sidecar (+ saved source), as stored
+    last_used: float  # sidecar mtime (publish or last hit); 0.0 without a sidecar (an orphan: evicted first)
+
+
+@dataclasses.dataclass(frozen=True)
+class Eviction:
+    """What ``DiskCache.evict`` did."""
+
+    limit: int  # bytes; 0: unlimited (nothing was done)
+    before: int  # entry bytes of the writable dir before
+    after: int  # ... and after
+    removed: tuple[str, ...]  # entry names deleted, least recently used first
+    skipped: tuple[str, ...]  # entries that would have gone but were locked (or could not be locked)
+
+
+@dataclasses.dataclass(frozen=True)
 class Built:
     """What a build callback returns: the cubin, resource metadata and (optionally) the source."""
 
@@ -56,6 +83,21 @@ def _warn_once(msg: str) -> None:
     if msg not in _warned:
         _warned.add(msg)
         log.warning(msg)
+
+
+_ENTRY_SUFFIXES = (".json", ".cubin", ".cu")  # deletion order: the sidecar (commit marker) first
+TOUCH_INTERVAL_S = 300.0  # a hit refreshes a sidecar's mtime only when it is older than this
+
+
+def _touch(path: Path) -> None:
+    """Record a use: set ``path``'s mtime to now, unless it was set less than TOUCH_INTERVAL_S ago
+    (LRU order to within minutes is plenty; this keeps hits from writing metadata each time, which
+    matters on shared file systems). Best effort: a read-only or vanished file is fine."""
+    try:
+        if time.time() - path.stat().st_mtime > TOUCH_INTERVAL_S:
+            os.utime(path)
+    except OSError:
+        pass
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -114,6 +156,8 @@ class DiskCache:
         for directory, origin in [*((d, "readonly") for d in self.readonly), (self.dir, "disk")]:
             entry, problem = read_entry(directory, name, key)
             if entry is not None:
+                if origin == "disk":  # read-only dirs are never touched
+                    _touch(directory / f"{name}.json")
                 return dataclasses.replace(entry, origin=origin)
             if problem:
                 _warn_once(f"gdnjit cache: ignoring invalid entry in {directory}: {problem}; it will be rebuilt")
@@ -143,6 +187,7 @@ class DiskCache:
                 if not cfg.always_compile:
                     entry, _ = read_entry(self.dir, name, key)  # re-check: another process may have built it
                     if entry is not None:
+                        _touch(self.dir / f"{name}.json")
                         return entry
                 self._remove_temps(name)  # temps of this entry are only written under this lock: stale
                 built = build()
@@ -151,12 +196,17 @@ class DiskCache:
                 if built.source is not None and cfg.save_source:
                     _atomic_write(self.dir / f"{name}.cu", built.source.encode())
                 _atomic_write(self.dir / f"{name}.json", json.dumps(entry.meta, indent=1, sort_keys=True).encode())
-                return entry
         except filelock.Timeout:
             raise LockTimeoutError(
                 f"timed out after {cfg.lock_timeout_s} s waiting for the compile lock {lock_path} "
                 f"(another process is compiling {name}; raise GDNJIT_LOCK_TIMEOUT or check for a hung process)"
             ) from None
+        if cfg.cache_max_bytes > 0:  # after releasing our lock: eviction only ever tries other entries' locks
+            try:
+                self.evict(keep=(name,))
+            except OSError as e:  # cache maintenance never fails a call
+                _warn_once(f"gdnjit cache: size limit not applied in {self.dir}: {e}")
+        return entry
 
     @staticmethod
     def _entry_from(name: str, key: str, fields: Mapping[str, Any], built: Built, origin: str) -> Entry:
@@ -173,6 +223,77 @@ class DiskCache:
                 p.unlink()
             except OSError:
                 pass
+
+    # ---- size limit ----------------------------------------------------------------------
+
+    def usage(self, directory: Path | None = None) -> list[EntryUsage]:
+        """Bytes and last use of every entry in ``directory`` (default: the writable dir), by name.
+
+        Counts the entry files (``.cubin``, ``.json``, ``.cu``); temp files and lock files are not entries.
+        """
+        directory = directory or self.dir
+        sizes: dict[str, int] = {}
+        used: dict[str, float] = {}
+        try:
+            scan = list(os.scandir(directory))
+        except OSError:
+            return []
+        for f in scan:
+            stem, dot, suffix = f.name.rpartition(".")
+            if f.name.startswith(".") or not dot or f".{suffix}" not in _ENTRY_SUFFIXES:
+                continue
+            try:
+                st = f.stat(follow_symlinks=False)
+            except OSError:  # deleted meanwhile
+                continue
+            sizes[stem] = sizes.get(stem, 0) + st.st_size
+            if suffix == "json":
+                used[stem] = st.st_mtime
+        return [EntryUsage(n, sizes[n], used.get(n, 0.0)) for n in sorted(sizes)]
+
+    def evict(self, max_bytes: int | None = None, keep: Iterable[str] = ()) -> Eviction:
+        """Delete least recently used entries of the writable dir until its entries fit in ``max_bytes``
+        (default: ``GDNJIT_CACHE_MAX_BYTES``; 0 = unlimited, nothing happens). Entries in ``keep`` stay.
+
+        Each deletion holds that entry's lock, taken with timeout 0: an entry being built or published
+        (its lock held) is skipped, never waited for. Sidecar first, then cubin, then source.
+        """
+        limit = self.config.cache_max_bytes if max_bytes is None else int(max_bytes)
+        entries = self.usage()
+        before = total = sum(e.bytes for e in entries)
+        if limit <= 0 or total <= limit:
+            return Eviction(max(limit, 0), before, total, (), ())
+        keep = set(keep)
+        lock_dir = self.config.effective_lock_dir
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        removed: list[str] = []
+        skipped: list[str] = []
+        for e in sorted(entries, key=lambda e: (e.last_used, e.name)):
+            if total <= limit:
+                break
+            if e.name in keep:
+                continue
+            lock = filelock.FileLock(str(lock_dir / f"{e.name}.lock"), timeout=0)
+            try:
+                lock.acquire()
+            except (filelock.Timeout, OSError):
+                skipped.append(e.name)
+                continue
+            try:
+                self._delete_entry(e.name)
+            finally:
+                lock.release()
+            total -= e.bytes  # gone (by us, or by another evicting process before we got the lock)
+            removed.append(e.name)
+        if removed:
+            log.info("gdnjit cache: evicted %d least recently used entries from %s (%d -> %d bytes, limit %d)",
+                     len(removed), self.dir, before, total, limit)
+        return Eviction(limit, before, total, tuple(removed), tuple(skipped))
+
+    def _delete_entry(self, name: str) -> None:
+        """Remove an entry's files, the sidecar (its commit marker) first. Caller holds the entry lock."""
+        for suffix in _ENTRY_SUFFIXES:
+            (self.dir / f"{name}{suffix}").unlink(missing_ok=True)
 
     # ---- maintenance (CLI) -------------------------------------------------------------
 

@@ -1,0 +1,347 @@
+"""gdnjit's ops as PyTorch custom ops, for ``torch.compile`` (``fullgraph=True``) and CUDA graphs.
+
+Importing this module registers the ops (namespace ``gdnjit``); ``import gdnjit`` alone does not
+(the plain functions in :mod:`gdnjit.gdn` / :mod:`gdnjit.nvfp4` stay the fast eager path)::
+
+    import gdnjit.torch_ops as ops            # registers torch.ops.gdnjit.*
+
+    out, pool = ops.gated_delta_rule_mtp(q, k, v, pool, slots, A_log, a, dt_bias, b,
+                                         intermediate_states_buffer=buf, disable_state_update=True)
+    fn = torch.compile(step, fullgraph=True)  # step() calls ops.* (or torch.ops.gdnjit.*)
+
+Two ways to call each op:
+
+* ``gdnjit.torch_ops.<name>(...)`` — a thin wrapper with exactly the eager function's signature and
+  return value (``(output, state)`` for GDN, ``(fp4, sf)`` for NVFP4). It allocates ``output`` when
+  it is not given and calls the raw op. Use it in code that ``torch.compile`` traces.
+* ``torch.ops.gdnjit.<name>(...)`` — the raw custom op (schemas below). A custom op may not return
+  an alias of an input, so the GDN ops take ``output`` as a required, mutated argument and return
+  nothing; the state (direct state or pool), the output and the intermediate buffer are declared
+  mutated (``Tensor(a!)``) and are written in place.
+
+Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
+
+    gated_delta_rule_decode_pretranspose(Tensor q, Tensor k, Tensor v, Tensor(a!)? state,
+        Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output,
+        bool use_qk_l2norm, Tensor(c!)? initial_state, Tensor? initial_state_indices,
+        Tensor? output_state_indices) -> ()
+    gated_delta_rule_decode(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor A_log, Tensor a,
+        Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output, bool use_qk_l2norm) -> ()
+    gated_delta_rule_mtp(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state,
+        Tensor initial_state_indices, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, float? scale,
+        Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, Tensor? ssm_state_indices,
+        bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices) -> ()
+    nvfp4_quantize(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout,
+        bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend) -> (Tensor, Tensor)
+    dequantize_nvfp4(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value,
+        int sfLayout, SymInt m, SymInt k) -> Tensor
+
+The NVFP4 global scale is a tensor (``a_global_sf``, read by the kernel: graph-safe) or a Python
+float (``a_global_sf_value``, used when the tensor is None); the wrappers split it for you.
+
+Notes:
+
+* Pool mode of ``gated_delta_rule_decode_pretranspose``: FlashInfer callers may pass the pool as both
+  ``state`` and ``initial_state``; two mutated arguments must not alias, so the wrapper passes
+  ``state=None`` then. ``disable_state_update=True`` still declares the pool mutated (a schema is
+  static); that only costs torch.compile a possible copy, never correctness.
+* A call through the custom-op dispatcher costs some microseconds of host time more than the plain
+  function (also inside a compiled graph, which calls the op from Python); replaying a CUDA graph
+  costs neither. Eager serving code should call :func:`gdnjit.gated_delta_rule_decode_pretranspose`
+  & co. directly.
+* CUDA tensors run the JIT kernels (the same code path as the eager functions, launched on the
+  current stream, capturable in CUDA graphs). CPU tensors run the torch references
+  (:mod:`gdnjit.reference`) in float32: slow, for tests and CPU-side tracing, not for serving.
+* The fake (meta) implementations only compute shapes and dtypes; argument errors surface when the
+  real op runs (the same ``TypeError`` / ``ValueError`` messages as the eager functions).
+"""
+
+from typing import Optional, Tuple
+
+import torch
+
+from . import gdn as _gdn
+from . import nvfp4 as _nvfp4
+from .sf_layout import SfLayout, to_sf_layout
+
+__all__ = [
+    "gated_delta_rule_decode_pretranspose",
+    "gated_delta_rule_decode",
+    "gated_delta_rule_mtp",
+    "nvfp4_quantize",
+    "dequantize_nvfp4",
+    "OP_NAMES",
+]
+
+NAMESPACE = "gdnjit"
+OP_NAMES = (
+    "gated_delta_rule_decode_pretranspose",
+    "gated_delta_rule_decode",
+    "gated_delta_rule_mtp",
+    "nvfp4_quantize",
+    "dequantize_nvfp4",
+)
+
+# Schemas, in OP_NAMES order (spelled out so the documented form is exactly what is registered).
+SCHEMAS = (
+    "(Tensor q, Tensor k, Tensor v, Tensor(a!)? state, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, "
+    "float? scale, Tensor(b!) output, bool use_qk_l2norm, Tensor(c!)? initial_state, Tensor? initial_state_indices, "
+    "Tensor? output_state_indices) -> ()",
+    "(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, "
+    "float? scale, Tensor(b!) output, bool use_qk_l2norm) -> ()",
+    "(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state, Tensor initial_state_indices, Tensor A_log, "
+    "Tensor a, Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, "
+    "Tensor? ssm_state_indices, bool disable_state_update, bool use_qk_l2norm, "
+    "Tensor? output_state_indices) -> ()",
+    "(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, bool do_shuffle, int sf_vec_size, "
+    "bool? enable_pdl, str backend) -> (Tensor, Tensor)",
+    "(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, SymInt m, "
+    "SymInt k) -> Tensor",
+)
+
+# ---- CPU implementations (torch reference, float32) -------------------------------------------
+
+
+def _reference_gdn(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
+                   update, l2norm, direct):
+    """Validate exactly as the CUDA path does (every check but the device type), then compute with the
+    torch reference in float32 and write the results in place."""
+    from .reference.gdn import gdn_reference
+
+    _gdn._prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
+                  update, l2norm, direct, require_cuda=False)
+    if q.shape[0] == 0:
+        return
+    ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, pool, layout=layout, scale=scale, use_qk_l2norm=l2norm,
+                        read_indices=read_idx, write_indices=write_idx, intermediate=inter,
+                        ssm_state_indices=ssm, disable_state_update=not update, dtype=torch.float32)
+    output.copy_(ref.output)
+    if update:
+        pool.copy_(ref.state)
+    if inter is not None:
+        inter.copy_(ref.intermediate)
+
+
+def _pool_args(state, initial_state, initial_state_indices, output_state_indices):
+    """The pretranspose function's argument combinations -> (pool, read, write, direct)."""
+    if initial_state is not None or initial_state_indices is not None:
+        if initial_state is None or initial_state_indices is None:
+            raise ValueError("initial_state and initial_state_indices: must be passed together (pool mode)")
+        if state is not None and state is not initial_state:
+            raise ValueError("state: pass None in pool mode (the pool is initial_state)")
+        return initial_state, initial_state_indices, output_state_indices, False
+    if output_state_indices is not None:
+        raise ValueError("output_state_indices: needs pool mode (initial_state + initial_state_indices)")
+    if state is None:
+        raise ValueError("state: expected the direct state [B, HV, V, K], or pass initial_state + initial_state_indices")
+    return state, None, None, True
+
+
+# ---- GDN ------------------------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_decode_pretranspose",
+                         mutates_args=("state", "output", "initial_state"), schema=SCHEMAS[0])
+def _decode_pretranspose_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor], A_log: torch.Tensor,
+    a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float], output: torch.Tensor,
+    use_qk_l2norm: bool, initial_state: Optional[torch.Tensor], initial_state_indices: Optional[torch.Tensor],
+    output_state_indices: Optional[torch.Tensor],
+) -> None:
+    if q.device.type != "cpu":
+        _gdn.gated_delta_rule_decode_pretranspose(
+            q, k, v, state, A_log, a, dt_bias, b, scale=scale, output=output, use_qk_l2norm=use_qk_l2norm,
+            initial_state=initial_state, initial_state_indices=initial_state_indices,
+            output_state_indices=output_state_indices)
+        return
+    pool, read, write, direct = _pool_args(state, initial_state, initial_state_indices, output_state_indices)
+    _reference_gdn("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, None, None, True,
+                   use_qk_l2norm, direct)
+
+
+@_decode_pretranspose_op.register_fake
+def _(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state, initial_state_indices,
+      output_state_indices) -> None:
+    return None
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_decode", mutates_args=("state", "output"),
+                         schema=SCHEMAS[1])
+def _decode_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor,
+    dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float], output: torch.Tensor, use_qk_l2norm: bool,
+) -> None:
+    if q.device.type != "cpu":
+        _gdn.gated_delta_rule_decode(q, k, v, state, A_log, a, dt_bias, b, scale=scale, output=output,
+                                     use_qk_l2norm=use_qk_l2norm)
+        return
+    _reference_gdn("kmajor", q, k, v, A_log, a, dt_bias, b, state, None, None, scale, output, None, None, True,
+                   use_qk_l2norm, True)
+
+
+@_decode_op.register_fake
+def _(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm) -> None:
+    return None
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_mtp",
+                         mutates_args=("initial_state", "output", "intermediate_states_buffer"), schema=SCHEMAS[2])
+def _mtp_op(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor,
+    initial_state_indices: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
+    b: torch.Tensor, scale: Optional[float], output: torch.Tensor,
+    intermediate_states_buffer: Optional[torch.Tensor], ssm_state_indices: Optional[torch.Tensor],
+    disable_state_update: bool, use_qk_l2norm: bool, output_state_indices: Optional[torch.Tensor],
+) -> None:
+    if q.device.type != "cpu":
+        _gdn.gated_delta_rule_mtp(
+            q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale=scale, output=output,
+            intermediate_states_buffer=intermediate_states_buffer, ssm_state_indices=ssm_state_indices,
+            disable_state_update=disable_state_update, use_qk_l2norm=use_qk_l2norm,
+            output_state_indices=output_state_indices)
+        return
+    _reference_gdn("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices,
+                   output_state_indices, scale, output, intermediate_states_buffer, ssm_state_indices,
+                   not disable_state_update, use_qk_l2norm, False)
+
+
+@_mtp_op.register_fake
+def _(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
+      intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
+      output_state_indices) -> None:
+    return None
+
+
+def _output(q: torch.Tensor, v: torch.Tensor, output: Optional[torch.Tensor]) -> torch.Tensor:
+    if output is not None:
+        return output
+    if not isinstance(q, torch.Tensor) or not isinstance(v, torch.Tensor) or q.dim() != 4 or v.dim() != 4:
+        return None  # let the op's validation report the bad argument
+    B, T, HV, V = v.shape
+    return torch.empty((B, T, HV, V), dtype=q.dtype, device=q.device)
+
+
+def gated_delta_rule_decode_pretranspose(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor], A_log: torch.Tensor,
+    a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float] = None,
+    output: Optional[torch.Tensor] = None, use_qk_l2norm: bool = True, initial_state: Optional[torch.Tensor] = None,
+    initial_state_indices: Optional[torch.Tensor] = None, output_state_indices: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gdnjit.gated_delta_rule_decode_pretranspose` through ``torch.ops.gdnjit``; same arguments and
+    return value ``(output, state_or_pool)``."""
+    out = _output(q, v, output)
+    if initial_state is not None and state is initial_state:
+        state = None  # FlashInfer style: the pool passed twice; two mutated args must not alias
+    torch.ops.gdnjit.gated_delta_rule_decode_pretranspose(
+        q, k, v, state, A_log, a, dt_bias, b, scale, out, use_qk_l2norm, initial_state, initial_state_indices,
+        output_state_indices)
+    return out, (initial_state if initial_state is not None else state)
+
+
+def gated_delta_rule_decode(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor,
+    dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float] = None, output: Optional[torch.Tensor] = None,
+    use_qk_l2norm: bool = True,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gdnjit.gated_delta_rule_decode` (K-major state) through ``torch.ops.gdnjit``; returns
+    ``(output, state)``."""
+    out = _output(q, v, output)
+    torch.ops.gdnjit.gated_delta_rule_decode(q, k, v, state, A_log, a, dt_bias, b, scale, out, use_qk_l2norm)
+    return out, state
+
+
+def gated_delta_rule_mtp(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor,
+    initial_state_indices: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
+    b: torch.Tensor, scale: Optional[float] = None, output: Optional[torch.Tensor] = None,
+    intermediate_states_buffer: Optional[torch.Tensor] = None, ssm_state_indices: Optional[torch.Tensor] = None,
+    disable_state_update: bool = False, use_qk_l2norm: bool = True,
+    output_state_indices: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gdnjit.gated_delta_rule_mtp` through ``torch.ops.gdnjit``; returns ``(output, initial_state)``."""
+    out = _output(q, v, output)
+    torch.ops.gdnjit.gated_delta_rule_mtp(
+        q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, out,
+        intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm, output_state_indices)
+    return out, initial_state
+
+
+# ---- NVFP4 ----------------------------------------------------------------------------------
+
+
+def _split_global_sf(a_global_sf):
+    """(tensor or None, float value) for the ops' two global-scale arguments."""
+    if isinstance(a_global_sf, torch.Tensor):
+        return a_global_sf, 1.0
+    if isinstance(a_global_sf, bool) or not isinstance(a_global_sf, (int, float)):
+        raise TypeError(
+            f"a_global_sf: expected a one-element float32 tensor or a Python float, got {type(a_global_sf).__name__}")
+    return None, float(a_global_sf)
+
+
+def _round_up(x, m):
+    return (x + m - 1) // m * m
+
+
+@torch.library.custom_op(f"{NAMESPACE}::nvfp4_quantize", mutates_args=(), schema=SCHEMAS[3])
+def _nvfp4_quantize_op(
+    a: torch.Tensor, a_global_sf: Optional[torch.Tensor], a_global_sf_value: float, sfLayout: int,
+    do_shuffle: bool, sf_vec_size: int, enable_pdl: Optional[bool], backend: str,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    gs = a_global_sf if a_global_sf is not None else a_global_sf_value
+    if a.device.type == "cpu" and backend == "gdnjit":
+        backend = "reference"  # no kernel on the CPU: the reference is bit-identical
+    fp4, sf = _nvfp4.nvfp4_quantize(a, gs, sfLayout=sfLayout, do_shuffle=do_shuffle, sf_vec_size=sf_vec_size,
+                                    enable_pdl=enable_pdl, backend=backend)
+    return fp4, sf
+
+
+@_nvfp4_quantize_op.register_fake
+def _(a, a_global_sf, a_global_sf_value, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend):
+    K = a.shape[-1]
+    M = a.numel() // K
+    n = K // 16
+    layout = to_sf_layout(sfLayout)
+    if layout == SfLayout.layout_128x4:
+        rows, cols = _round_up(M, 128), _round_up(n, 4)
+    elif layout == SfLayout.layout_8x4:
+        rows, cols = _round_up(M, 8), _round_up(n, 4)
+    else:
+        rows, cols = M, n
+    return (a.new_empty((M, K // 2), dtype=torch.uint8), a.new_empty((rows, cols), dtype=torch.uint8))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::dequantize_nvfp4", mutates_args=(), schema=SCHEMAS[4])
+def _dequantize_nvfp4_op(
+    fp4: torch.Tensor, sf: torch.Tensor, a_global_sf: Optional[torch.Tensor], a_global_sf_value: float,
+    sfLayout: int, m: int, k: int,
+) -> torch.Tensor:
+    gs = a_global_sf if a_global_sf is not None else a_global_sf_value
+    return _nvfp4.dequantize_nvfp4(fp4, sf, gs, sfLayout=sfLayout, m=m, k=k)
+
+
+@_dequantize_nvfp4_op.register_fake
+def _(fp4, sf, a_global_sf, a_global_sf_value, sfLayout, m, k):
+    return fp4.new_empty((m, k), dtype=torch.float32)
+
+
+def nvfp4_quantize(a: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle: bool = False,
+                   sf_vec_size: int = 16, enable_pdl: Optional[bool] = None,
+                   backend: str = "gdnjit") -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gdnjit.nvfp4_quantize` through ``torch.ops.gdnjit``; returns ``(fp4, sf)``."""
+    t, value = _split_global_sf(a_global_sf)
+    layout = int(_nvfp4._layout(sfLayout))
+    return torch.ops.gdnjit.nvfp4_quantize(a, t, value, layout, do_shuffle, sf_vec_size, enable_pdl, backend)
+
+
+def dequantize_nvfp4(fp4: torch.Tensor, sf: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,
+                     m: Optional[int] = None, k: Optional[int] = None) -> torch.Tensor:
+    """:func:`gdnjit.dequantize_nvfp4` through ``torch.ops.gdnjit``; float32 ``[m, k]``."""
+    if m is None or k is None:
+        if not isinstance(fp4, torch.Tensor) or fp4.dim() != 2:
+            raise ValueError("m, k: required unless fp4 is a 2-D [m, k // 2] tensor")
+        m = fp4.shape[0] if m is None else m
+        k = 2 * fp4.shape[1] if k is None else k
+    t, value = _split_global_sf(a_global_sf)
+    layout = int(_nvfp4._layout(sfLayout))
+    return torch.ops.gdnjit.dequantize_nvfp4(fp4, sf, t, value, layout, m, k)
