@@ -41,7 +41,7 @@ class DeviceInfo:
 
 def arch_for_capability(major: int, minor: int) -> str:
     """The NVRTC target for a compute capability: plain ``sm_90`` on Hopper (no sm_90a features are
-    used), the arch-specific ``sm_XXXa`` from Blackwell on (hardware FP4 conversion)."""
+    used), the arch-specific ``sm_<NNN>a`` from Blackwell on (hardware FP4 conversion)."""
     return f"sm_{major}{minor}" if major < 10 else f"sm_{major}{minor}a"
 
 
