@@ -34,6 +34,7 @@ class Case:
     update: bool = True
     l2norm: bool = True
     scale: float | None = None
+    a_offset: float = 0.0  # added to a: large values drive the decay g towards 0 (underflow), negative towards 1
     api: str = "auto"  # auto: pretranspose (klast, T=1 or pool), mtp, decode (kmajor)
 
     @property
@@ -61,7 +62,7 @@ def run_case(c: Case, seed: int) -> dict:
     q = rnd(B, T, H, K, dtype=ind)
     k = rnd(B, T, H, K, dtype=ind)
     v = rnd(B, T, HV, V, dtype=ind)
-    a = rnd(B, T, HV, dtype=ind)
+    a = (rnd(B, T, HV) + c.a_offset).to(ind)
     b = rnd(B, T, HV, dtype=ind)
     A_log = torch.log(torch.rand(HV, generator=gen, device=dev) * 15 + 1).float()
     dt_bias = rnd(HV, dtype=DT[c.dtb_dtype])

@@ -146,6 +146,20 @@ def test_graph_capture_replays_with_new_inputs():
         assert ((pool.double() - ref.state).norm() / ref.state.norm()) < 1e-3
 
 
+EXTREME_GATES = [
+    Case(layout=layout, B=5, T=T, state_dtype=sd, a_offset=off, pool="direct" if layout == "kmajor" else "gaps",
+         out_dtype="fp32")
+    for layout in ("klast", "kmajor") for T in (8, 16) for sd in ("fp32", "bf16") for off in (-8.0, 12.0, 40.0)
+]
+
+
+@pytest.mark.parametrize("case", EXTREME_GATES, ids=lambda c: f"{c.layout}-T{c.T}-{c.state_dtype}-a{c.a_offset:+g}")
+def test_extreme_decay(case):
+    """g near 1, g that drives the running decay below 1e-20 (the kernel applies it early), and g
+    that underflows to 0: all must match the reference."""
+    check(case, run_case(case, seed=int(case.a_offset) + 100 * case.T))
+
+
 def test_scale_is_runtime():
     c1 = Case(B=3, pool="gaps", scale=0.37, out_dtype="fp32")
     check(c1, run_case(c1, seed=5))
