@@ -65,7 +65,9 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
     tensors = (q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm)
     try:
         ptrs = tuple(0 if x is None else x.data_ptr() for x in tensors)
-        sig = (layout, direct, update, l2norm, scale, (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15,
+        # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
+        sig = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
+               (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15,
                tuple(None if x is None else (x.shape, x.stride(), x.dtype, x.get_device()) for x in tensors))
         hit = _fast.get(sig)
     except (AttributeError, TypeError, RuntimeError):  # a non-tensor / sparse argument: the full path reports it

@@ -175,3 +175,27 @@ def test_public_api_errors_on_cpu_tensors():
     with pytest.raises(TypeError, match="disable_state_update: expected a bool"):
         gdnjit.gated_delta_rule_mtp(t["q"], t["k"], t["v"], t["state"], torch.zeros(3, dtype=torch.int32),
                                     t["A_log"], t["a"], t["dt_bias"], t["b"], disable_state_update=None)
+
+
+
+def test_fast_path_does_not_skip_type_checks(monkeypatch):
+    """After a call with scale=1.0 (and use_qk_l2norm=True) is validated and memoised, a call with
+    scale=True or use_qk_l2norm=1 (equal values as dict keys) must still be refused."""
+    from gdnjit import gdn as g, kernels, validate
+
+    launches = []
+    monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
+    monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (lambda grid, values: launches.append(grid), 1))
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # CPU torch lacks it
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(g, "_fast", {})
+    t = make()
+    args = (t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"], t["b"])
+    gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=1.0)
+    gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=1.0)  # memoised path
+    assert len(launches) == 2 and len(g._fast) == 1
+    with pytest.raises(TypeError, match="scale: expected a Python float"):
+        gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=True)
+    with pytest.raises(TypeError, match="use_qk_l2norm: expected a bool"):
+        gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=1.0, use_qk_l2norm=1)
+    assert len(launches) == 2
