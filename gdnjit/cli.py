@@ -120,7 +120,7 @@ def cmd_tune(args) -> int:
         dedup.setdefault((p.spec, p.params, p.H, p.HV), p)
     problems = list(dedup.values())[: args.max_problems or None]
     dev = torch.cuda.current_device()
-    entries = tune(problems, config, dev, args.b)
+    entries = tune(problems, config, dev, args.b, where=args.where)
     doc = table_doc(entries, dev)
     out = Path(args.out) if args.out else config.cache_dir / "tuned" / f"{device_slug(doc['device'])}.json"
     if out.exists() and not args.replace:
@@ -325,6 +325,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-problems", type=int, default=0)
     p.add_argument("--out", help="table path (default: <cache dir>/tuned/<gpu>.json, merged)")
     p.add_argument("--replace", action="store_true", help="do not merge with an existing table")
+    p.add_argument("--where", help="measure only candidates for which this expression over params and tunables "
+                   "holds, e.g. \"form == 'chunk' and lanes_per_row <= 8\" (the rules' choice is always measured)")
     p.set_defaults(fn=cmd_tune)
 
     p = sub.add_parser("render", help="print the CUDA source of one variant")

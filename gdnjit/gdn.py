@@ -50,7 +50,7 @@ def _host_index_check(name: str, idx: torch.Tensor, pool_size: int) -> None:
         raise IndexError(f"{name}: index {int(idx.max())} is out of range for a pool of {pool_size} slots")
 
 
-_fast: dict = {}  # call signature -> (launcher, grid, output shape, static kernel args); see _run
+_fast: dict = kernels.register_memo({})  # call signature -> (launcher, grid, output shape, static kernel args); see _run
 _FAST_MAX = 4096
 
 

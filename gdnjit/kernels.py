@@ -29,6 +29,13 @@ _launchers: dict[tuple, Launcher] = {}
 _tuned: dict[int, Any] = {}  # device index -> TunedTable, loaded once per device
 _resolved: dict[tuple, tuple[Launcher, int]] = {}
 _RESOLVED_MAX = 65536
+_dependent: list[dict] = []  # op modules' memos of resolve() results (gdn's validated-signature path)
+
+
+def register_memo(memo: dict) -> dict:
+    """Have :func:`clear_launcher_cache` clear ``memo`` too (it holds launchers from :func:`resolve`)."""
+    _dependent.append(memo)
+    return memo
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +66,8 @@ def clear_launcher_cache() -> None:
     _launchers.clear()
     _resolved.clear()
     _tuned.clear()
+    for memo in _dependent:
+        memo.clear()
 
 
 def build_entry(variant: Variant, config: Config):

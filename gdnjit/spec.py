@@ -303,11 +303,17 @@ def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
     fallbacks = [r for r in spec.rules if r.when is None]
     if not fallbacks:
         raise _err(spec.file, "rules", "needs at least one rule without `when` (the fallback)", rules_doc)
+    # Only params the constraints read, directly or through derived values, change validity; a
+    # derived value no constraint reads (e.g. a launch-bounds hint) would only multiply the combinations.
+    derived = dict(spec.derived)
     used: set[str] = set()
-    for c in spec.constraints:
-        used |= _expr.names_in(c.expr)
-    for _, e in spec.derived:
-        used |= _expr.names_in(e)
+    todo = [n for c in spec.constraints for n in _expr.names_in(c.expr)]
+    while todo:
+        n = todo.pop()
+        if n not in used:
+            used.add(n)
+            if n in derived:
+                todo.extend(_expr.names_in(derived[n]))
     pnames = [n for n, _ in spec.params if n in used]
     pvals = [dict(spec.params)[n] for n in pnames]
     defaults = {n: v[0] for n, v in spec.params}

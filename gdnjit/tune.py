@@ -68,8 +68,11 @@ _BUILDERS = {"gdn": _gdn_calls}
 
 
 def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_sizes: list[int] | None = None,
-         log: Callable[[str], None] = print) -> list[dict[str, Any]]:
-    """Measure all valid candidates for each (problem, B); returns tuned-table entries."""
+         log: Callable[[str], None] = print, where: str | None = None) -> list[dict[str, Any]]:
+    """Measure all valid candidates for each (problem, B); returns tuned-table entries.
+
+    ``where``: an expression over params and tunables that narrows the candidates (the choice of the
+    rules is measured in any case, so every entry is compared with what the dispatcher would do)."""
     import torch
 
     from . import dispatch
@@ -88,7 +91,13 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
     for prob in problems:
         spec = get_spec(prob.spec)
         params = dict(prob.params)
-        candidates = [t for t in spec.all_tunable_choices() if not spec.violations(params, t)]
+        candidates = [t for t in spec.all_tunable_choices() if not spec.violations(params, t)
+                      and (where is None or _expr.evaluate(where, {**params, **t}))]
+        for B in batch_sizes or prob.batch_sizes:  # the rules' choices are always candidates
+            facts = {"B": B, "H": prob.H, "HV": prob.HV, "num_sms": info.num_sms}
+            rule_t, _ = dispatch.select(spec, params, {f: facts[f] for f in spec.facts})
+            if rule_t not in candidates:
+                candidates.append(rule_t)
         variants = [Variant.make(spec, params, t, info.arch) for t in candidates]
         warm(variants, config)
         for B in batch_sizes or prob.batch_sizes:
