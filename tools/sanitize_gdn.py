@@ -1,7 +1,7 @@
 """One representative case of every GDN kernel variant family, for compute-sanitizer.
 
     compute-sanitizer --tool memcheck  python3 tools/sanitize_gdn.py
-    compute-sanitizer --tool racecheck python3 tools/sanitize_gdn.py --staged-only
+    compute-sanitizer --tool racecheck python3 tools/sanitize_gdn.py --staged-only [--forms]
 
 Families: layout x state dtype x staged (T > 1) or not x pool mode (direct, pool with padding rows,
 split with negative writes, page-strided, intermediate buffer + verify, per-token ssm writes).
@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "ops"))
 
-from gdn_cases import Case, check, run_case  # noqa: E402
+from gdn_cases import OVERRIDES, Case, case_params, check, forced_tunables, forcing, run_case  # noqa: E402
 
 
 def cases(staged_only: bool) -> list[Case]:
@@ -43,11 +43,23 @@ def cases(staged_only: bool) -> list[Case]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--staged-only", action="store_true", help="only the variants that use shared memory")
+    ap.add_argument("--forms", action="store_true",
+                    help="also run every multi-token case with each forced kernel kind (chunk, mma, pipelined)")
     args = ap.parse_args()
     todo = cases(args.staged_only)
     for i, c in enumerate(todo):
         check(c, run_case(c, seed=100 + i))
-    print(f"sanitize_gdn: {len(todo)} cases ran and matched the reference")
+    n = len(todo)
+    if args.forms:
+        from gdnjit.spec import get_spec
+
+        for kind in ("chunk", "mma", "pipe2"):
+            for i, c in enumerate(todo):
+                if c.T > 1 and forced_tunables(get_spec("gdn"), case_params(c), {}, OVERRIDES[kind]) is not None:
+                    with forcing(OVERRIDES[kind]):
+                        check(c, run_case(c, seed=200 + i))
+                    n += 1
+    print(f"sanitize_gdn: {n} cases ran and matched the reference")
     return 0
 
 

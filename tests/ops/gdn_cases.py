@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -178,6 +179,53 @@ def run_case(c: Case, seed: int) -> dict:
 
 
 DT_IDX = {"int32": torch.int32, "int64": torch.int64}
+
+# Multi-token kernel kinds the tuner can choose, by the tunables that define them.
+OVERRIDES = {"recurrent": {"form": "recurrent", "pipe": 1}, "chunk": {"form": "chunk"}, "mma": {"form": "mma"},
+             "pipe2": {"form": "recurrent", "pipe": 2}, "pipe4": {"form": "recurrent", "pipe": 4}}
+
+
+def case_params(c: Case) -> dict:
+    """The gdn spec params a case's call has."""
+    direct = c.pool == "direct"
+    return {"layout": c.layout, "K": c.K, "V": c.V, "T": c.T, "in_dtype": c.in_dtype,
+            "out_dtype": c.out_dtype or c.in_dtype, "state_dtype": c.state_dtype, "dtb_dtype": c.dtb_dtype,
+            "pool": not direct, "idx_dtype": "int32" if direct else c.idx_dtype, "same_pool": c.pool != "split",
+            "inter_dtype": c.inter_dtype or "none", "ssm_idx_dtype": c.ssm or "none", "update": c.update,
+            "l2norm": c.l2norm}
+
+
+def forced_tunables(spec, params: dict, base: dict, override: dict) -> dict | None:
+    """``base`` with ``override`` applied (and staging on) when valid, else the first valid candidate
+    matching ``override``; None when no variant of that kind takes these params."""
+    want = dict(base, stage=True, **override)
+    if not spec.violations(params, want):
+        return want
+    return next((c for c in spec.all_tunable_choices()
+                 if all(c[k] == v for k, v in override.items()) and not spec.violations(params, c)), None)
+
+
+@contextlib.contextmanager
+def forcing(override: dict):
+    """Make the dispatcher pick a variant of the kind ``override`` names for every gdn call inside."""
+    from gdnjit import kernels
+    from gdnjit.variant import Variant
+
+    orig = kernels.choose_variant
+
+    def forced(spec, params, facts, arch, tuned=None):
+        v = orig(spec, params, facts, arch, tuned)
+        if spec.name != "gdn":
+            return v
+        return Variant.make(spec, params, forced_tunables(spec, params, dict(v.tunables), override), arch)
+
+    kernels.clear_launcher_cache()
+    kernels.choose_variant = forced
+    try:
+        yield
+    finally:
+        kernels.choose_variant = orig
+        kernels.clear_launcher_cache()
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:

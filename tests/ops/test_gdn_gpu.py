@@ -14,7 +14,7 @@ import random
 import pytest
 import torch
 
-from gdn_cases import Case, check, run_case
+from gdn_cases import OVERRIDES, Case, case_params, check, forced_tunables, forcing, run_case
 
 pytestmark = pytest.mark.gpu
 
@@ -235,57 +235,18 @@ def test_intermediate_buffer_past_2_31_elements():
     torch.cuda.empty_cache()
 
 
-# ---- both token-loop forms on the multi-token cases ------------------------------------------
-def _tunables_for_form(case: Case, form: str) -> dict | None:
-    """Valid tunables of ``form`` for the case's params (the rule's choice with ``form`` swapped when
-    that is valid, else the first valid candidate); None when the form cannot take these params."""
-    from gdnjit import gdn as _gdn  # noqa: F401  (spec registry)
+# ---- every multi-token kernel form, forced -----------------------------------------------------
+FORM_CASES = [(c, name) for c in MATRIX if c.T > 1 for name in OVERRIDES][::2] + [
+    (c, name) for c in EXTREME_GATES if c.layout == "klast" for name in OVERRIDES]
+
+
+@pytest.mark.parametrize("case,kind", FORM_CASES, ids=[f"{k}-T{c.T}-{i}" for i, (c, k) in enumerate(FORM_CASES)])
+def test_form_forced(case, kind):
+    """The multi-token cases with the kernel form forced (whichever the dispatcher would pick), so
+    every form the tuner may choose stays correct on shapes the rules do not send it."""
     from gdnjit.spec import get_spec
 
-    spec = get_spec("gdn")
-    params = _case_params(case)
-    for cand in spec.all_tunable_choices():
-        if cand["form"] == form and not spec.violations(params, cand):
-            return cand
-    return None
-
-
-def _case_params(c: Case) -> dict:
-    direct = c.pool == "direct"
-    return {"layout": c.layout, "K": c.K, "V": c.V, "T": c.T, "in_dtype": c.in_dtype,
-            "out_dtype": c.out_dtype or c.in_dtype, "state_dtype": c.state_dtype, "dtb_dtype": c.dtb_dtype,
-            "pool": not direct, "idx_dtype": "int32" if direct else c.idx_dtype, "same_pool": c.pool != "split",
-            "inter_dtype": c.inter_dtype or "none", "ssm_idx_dtype": c.ssm or "none", "update": c.update,
-            "l2norm": c.l2norm}
-
-
-FORM_CASES = [(c, form) for c in MATRIX if c.T > 1 for form in ("recurrent", "chunk", "mma")][::2] + [
-    (c, form) for c in EXTREME_GATES if c.layout == "klast" for form in ("recurrent", "chunk", "mma")]
-
-
-@pytest.mark.parametrize("case,form", FORM_CASES, ids=[f"{f}-T{c.T}-{i}" for i, (c, f) in enumerate(FORM_CASES)])
-def test_form_forced(case, form, monkeypatch):
-    """The multi-token matrix cases with the token loop's form forced (whichever the dispatcher would
-    pick), so the form the rules do not choose for a shape stays correct for the tuner to pick."""
-    from gdnjit import kernels
-    from gdnjit.variant import Variant
-
-    if _tunables_for_form(case, form) is None:
-        pytest.skip(f"form {form} has no valid tunables for these params")
-    orig = kernels.choose_variant
-
-    def forced(spec, params, facts, arch, tuned=None):
-        v = orig(spec, params, facts, arch, tuned)
-        if spec.name != "gdn" or dict(v.tunables)["form"] == form:
-            return v
-        want = dict(v.tunables, form=form, stage=True)
-        if spec.violations(params, want):
-            want = next(c for c in spec.all_tunable_choices() if c["form"] == form and not spec.violations(params, c))
-        return Variant.make(spec, params, want, arch)
-
-    kernels.clear_launcher_cache()
-    monkeypatch.setattr(kernels, "choose_variant", forced)
-    try:
-        check(case, run_case(case, seed=random.Random(f"{form}{case}").randrange(1 << 30)))
-    finally:
-        kernels.clear_launcher_cache()
+    if forced_tunables(get_spec("gdn"), case_params(case), {}, OVERRIDES[kind]) is None:
+        pytest.skip(f"{kind}: no valid tunables for these params")
+    with forcing(OVERRIDES[kind]):
+        check(case, run_case(case, seed=random.Random(f"{kind}{case}").randrange(1 << 30)))
