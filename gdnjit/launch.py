@@ -60,7 +60,7 @@ class Launcher:
     """A ready-to-launch kernel on one device."""
 
     __slots__ = ("name", "function", "module", "device_index", "block", "smem", "fmt", "buf", "params_addr",
-                 "_launch", "_ptrs", "_stream", "_ok", "_pack")
+                 "_launch", "_ptrs", "_stream", "_ok", "_pack", "_pdl_config", "_launch_ex", "_cu_stream")
 
     def __init__(self, name: str, module, function, device_index: int, block: int, smem: int,
                  args: Sequence[tuple[str, str]]):
@@ -78,6 +78,9 @@ class Launcher:
         self._stream = torch._C._cuda_getCurrentRawStream
         self._ok = driver.CUresult.CUDA_SUCCESS
         self._pack = struct.Struct(self.fmt).pack_into
+        self._pdl_config = None  # built on the first launch_pdl
+        self._launch_ex = driver.cuLaunchKernelEx
+        self._cu_stream = driver.CUstream
         if self.smem > 48 * 1024:
             check(driver.cuFuncSetAttribute(
                 function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
@@ -90,3 +93,28 @@ class Launcher:
                               self._stream(self.device_index), self.params_addr, 0)
         if err != self._ok:
             check((err,), f"cuLaunchKernel({self.name}, grid={grid}, block={self.block})")
+
+    def launch_pdl(self, grid: int, values: Sequence) -> None:
+        """Like ``__call__`` with programmatic dependent launch (``cuLaunchKernelEx`` with
+        programmatic stream serialization): the grid may start while the previous kernel in the
+        stream is finishing. Only for kernels that execute ``griddepcontrol.wait`` before touching
+        global memory (the caller checks); on other kernels it would race."""
+        cfg = self._pdl_config
+        if cfg is None:
+            driver = _driver()
+            attr = driver.CUlaunchAttribute()
+            attr.id = driver.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg = driver.CUlaunchConfig()
+            cfg.gridDimY = cfg.gridDimZ = cfg.blockDimY = cfg.blockDimZ = 1
+            cfg.blockDimX = self.block
+            cfg.sharedMemBytes = self.smem
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+            self._pdl_config = cfg
+        self._pack(self.buf, 0, *values)
+        cfg.gridDimX = grid
+        cfg.hStream = self._cu_stream(self._stream(self.device_index))
+        (err,) = self._launch_ex(cfg, self.function, self.params_addr, 0)
+        if err != self._ok:
+            check((err,), f"cuLaunchKernelEx({self.name}, grid={grid}, block={self.block}, PDL)")

@@ -40,6 +40,7 @@ _IN_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn
 _LAYOUT_PARAM = {SfLayout.layout_128x4: "128x4", SfLayout.layout_8x4: "8x4", SfLayout.layout_linear: "linear"}
 _MIN_ARCH = 89       # cvt.rn.satfinite.e4m3x2.f32 / cvt.rn.f16x2.e4m3x2 (Ada, Hopper and newer)
 _HW_E2M1_ARCH = 100  # cvt.rn.satfinite.e2m1x2.f32 (sm_100a / sm_103a / sm_110a / sm_120a / sm_121a)
+_PDL_ARCH = 90  # griddepcontrol.wait / launch_dependents (sm_90+)
 _MAX_THREADS = 2**32  # the kernel's 32-bit thread index
 _F32 = struct.Struct("f")
 
@@ -115,7 +116,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
              backend="gdnjit", require_cuda: bool = True, arch: Optional[str] = None):
     """All argument checks and the output allocation.
 
-    Returns ``(fp4, sf, call)`` where ``call`` is ``(params, facts, kernel args, device index)``,
+    Returns ``(fp4, sf, call)`` where ``call`` is ``(params, facts, kernel args, device index, pdl)``,
     or None when there is nothing to launch (M == 0). ``require_cuda=False`` (with ``arch``, e.g.
     ``'sm_90'``) lets CPU tests exercise every other check with CPU tensors.
     """
@@ -165,9 +166,12 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
         raise ValueError(
             f"a: NVFP4 quantization needs compute capability 8.9 or newer (e4m3 conversions); {device} is {arch}"
         )
-    params = (_IN_DTYPES[a.dtype], _LAYOUT_PARAM[layout], K, arch_num >= _HW_E2M1_ARCH)
+    if enable_pdl and arch_num < _PDL_ARCH:
+        raise ValueError(f"enable_pdl: True needs compute capability 9.0 or newer (griddepcontrol); {device} is {arch}")
+    pdl = bool(enable_pdl)  # None: off (opt-in; see the docstring)
+    params = (_IN_DTYPES[a.dtype], _LAYOUT_PARAM[layout], K, arch_num >= _HW_E2M1_ARCH, pdl)
     values = (x.data_ptr(), fp4.data_ptr(), sf.data_ptr(), gs_ptr, x.stride(0), M, sf_rows, gs_value)
-    return fp4, sf, (params, (M,), values, dev)
+    return fp4, sf, (params, (M,), values, dev, pdl)
 
 
 def nvfp4_quantize(
@@ -197,9 +201,13 @@ def nvfp4_quantize(
             its TRT-LLM-gen GEMM (128-row epilogue tiles); that weight-preparation step is not an
             activation layout and is refused with a ValueError.
         sf_vec_size: must be 16 (NVFP4). 32 (MXFP4) raises ValueError.
-        enable_pdl: accepted for FlashInfer compatibility (None / False / True) and ignored: the
-            kernel is launched without programmatic dependent launch. PDL only lets the next
-            kernel's prologue overlap this one; results are identical.
+        enable_pdl: programmatic dependent launch. True (compute capability >= 9.0, else
+            ValueError): a kernel variant that waits for the previous kernel in the stream
+            (``griddepcontrol.wait``) before touching memory, launched so that it may be scheduled
+            while that kernel finishes, and that lets a following PDL kernel start once its loads
+            are issued. None (default) and False: off. Unlike FlashInfer, None does not turn it on
+            by itself: the per-CTA wait made back-to-back calls of the small-CTA variants up to 2x
+            slower on an H200 (docs/perf.md). Results are identical either way.
         backend: ``"gdnjit"`` (the JIT kernel) or ``"reference"`` (the torch reference; slow,
             synchronises, works on any device).
 
@@ -232,13 +240,14 @@ def nvfp4_quantize(
 
 def _launch(call) -> None:
     """Launch the kernel for a ``call`` from :func:`_prepare` on the current stream of its device."""
-    params, facts, values, dev = call
+    params, facts, values, dev, pdl = call
     launcher, grid = kernels.resolve(get_spec(SPEC), params, facts, dev)
+    launch = launcher.launch_pdl if pdl else launcher  # the kernel waits (griddepcontrol) on sm_90+
     if torch.cuda.current_device() != dev:
         with torch.cuda.device(dev):
-            launcher(grid, values)
+            launch(grid, values)
     else:
-        launcher(grid, values)
+        launch(grid, values)
 
 
 def dequantize_nvfp4(

@@ -45,9 +45,10 @@ def all_selectable_variants() -> list[Variant]:
         for in_dtype in SPEC.allowed("in_dtype"):
             for layout in SPEC.allowed("sf_layout"):
                 for K in SPEC.allowed("K"):
-                    params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw)
-                    for tun in selectable_tunables(params):
-                        variants.append(Variant.make(SPEC, params, tun, arch))
+                    for pdl in (False, True):
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl)
+                        for tun in selectable_tunables(params):
+                            variants.append(Variant.make(SPEC, params, tun, arch))
     return variants
 
 
@@ -77,7 +78,7 @@ def test_rules_pick_valid_variants_and_grid_covers_the_padded_rows():
             for layout in SPEC.allowed("sf_layout"):
                 for K in (16, 48, 64, 2048, 7168, 28672):
                     for M in (1, 3, 127, 128, 1000, 4096, 70000):
-                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=False)
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=False, pdl=False)
                         tun, _ = dispatch.select(SPEC, params, dict(M=M, num_sms=num_sms))
                         assert tun in selectable_tunables(params)
                         values = SPEC.variant_values(params, tun)
@@ -107,7 +108,7 @@ def test_thread_mapping_writes_every_scale_byte_once(layout):
             for bpt in SPEC.allowed("blocks_per_thread"):
                 for threads in SPEC.allowed("threads"):
                     tun = dict(blocks_per_thread=bpt, threads=threads)
-                    params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False)
+                    params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False, pdl=False)
                     if SPEC.violations(params, tun):
                         continue
                     values = SPEC.variant_values(params, tun)
@@ -126,7 +127,7 @@ def test_thread_mapping_writes_every_scale_byte_once(layout):
 
 
 def test_small_m_uses_small_ctas():
-    params = dict(in_dtype="bf16", sf_layout="128x4", K=7168, hw_e2m1=False)
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=7168, hw_e2m1=False, pdl=False)
     small, _ = dispatch.select(SPEC, params, dict(M=1, num_sms=132))
     large, _ = dispatch.select(SPEC, params, dict(M=16384, num_sms=132))
     assert small["blocks_per_thread"] == 1 and small["threads"] == 64
@@ -134,7 +135,7 @@ def test_small_m_uses_small_ctas():
 
 
 def test_hw_instruction_only_in_hw_variants():
-    params = dict(in_dtype="bf16", sf_layout="128x4", K=64)
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, pdl=False)
     tun = dict(blocks_per_thread=1, threads=128)
     sw = Variant.make(SPEC, dict(params, hw_e2m1=False), tun, "sm_90").source()
     hw = Variant.make(SPEC, dict(params, hw_e2m1=True), tun, "sm_100a").source()
@@ -144,11 +145,28 @@ def test_hw_instruction_only_in_hw_variants():
     assert "hw_e2m1 needs sm_100a" in info.value.log
 
 
+def test_pdl_wait_before_any_memory_access_from_sm_90():
+    """The pdl variant waits for the previous grid (griddepcontrol.wait) before any global access;
+    the other variants have no griddepcontrol at all; sm_89 has no such instruction."""
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True)
+    tun = dict(blocks_per_thread=1, threads=128)
+    src = Variant.make(SPEC, params, tun, "sm_90").source()
+    body = src[src.index("(const Args p) {"):]
+    first_access = min(body.index(x) for x in ("p.sf", "p.x", "p.q", "p.gs_ptr"))
+    assert body.index("griddepcontrol.wait;") < first_access
+    assert "griddepcontrol.launch_dependents;" in body
+    assert Variant.make(SPEC, params, tun, "sm_90").build().meta["spill_bytes"] == 0
+    assert "griddepcontrol" not in Variant.make(SPEC, dict(params, pdl=False), tun, "sm_90").source()
+    with pytest.raises(CompileError) as info:  # the template refuses it before sm_90
+        Variant.make(SPEC, params, tun, "sm_89").build()
+    assert "pdl needs sm_90" in info.value.log
+
+
 @pytest.mark.parametrize("arch", ["sm_89", "sm_103a", "sm_120a"])
 def test_other_targets_compile(arch):
     hw = arch != "sm_89"
     for in_dtype in SPEC.allowed("in_dtype"):
-        meta = Variant.make(SPEC, dict(in_dtype=in_dtype, sf_layout="128x4", K=7168, hw_e2m1=hw),
+        meta = Variant.make(SPEC, dict(in_dtype=in_dtype, sf_layout="128x4", K=7168, hw_e2m1=hw, pdl=False),
                             dict(blocks_per_thread=2, threads=256), arch).build().meta
         assert meta["spill_bytes"] == 0 and not meta["warnings"]
 

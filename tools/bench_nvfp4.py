@@ -17,6 +17,11 @@ Columns, per (layout, M, K):
   achieved bandwidth bytes / time, and its fraction of the copy bandwidth measured at the start of
   the same run (``bench_common.copy_bandwidth``: 1 GiB device-to-device copy, read + write counted).
   ``eager``: per-call wall time of back-to-back eager calls (``time_eager``), host cost included.
+* PDL: the same calls with ``enable_pdl=True`` (programmatic dependent launch: each captured call may
+  be scheduled while the previous one finishes; the default, None, is off).
+* same-size copy: the same bytes (half read, half written) through an SM copy kernel
+  (``torch.mul(x, 1, out=y)``), same rotation and timing, and its fraction of the copy bandwidth:
+  the launch, ramp-up and tail cost that any kernel of this size pays.
 * ref: the torch reference (``gdnjit.reference.nvfp4.quantize_reference``) eager, event-timed single
   calls (it reads the global scale on the host, so it cannot be graph-captured).
 * compiled: the reference's tensor math (same ops, global scale kept on the device) under
@@ -131,6 +136,17 @@ def run_row(layout, M: int, K: int, args, bw: float, l2: int, notes: list) -> di
 
     us = bc.time_graph(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout), n_sets=sets, replays=args.replays)
     rec.update(gdnjit_us=us, gdnjit_gbps=nbytes / us / 1e3, gdnjit_frac=nbytes / (us * 1e-6) / bw)
+    us = bc.time_graph(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout, enable_pdl=True), n_sets=sets,
+                       replays=args.replays)
+    rec.update(pdl_us=us, pdl_frac=nbytes / (us * 1e-6) / bw)
+    # The same number of bytes through a plain SM copy kernel, same rotation: what any kernel of this
+    # size can reach (launch, ramp-up and tail included), next to the large-copy floor.
+    half = max(1, nbytes // 8)
+    srcs = [torch.rand(half, device=dev) for _ in range(sets)]
+    dsts = [torch.empty_like(x) for x in srcs]
+    rec["copy_us"] = bc.time_graph(lambda i: torch.mul(srcs[i], 1.0, out=dsts[i]), n_sets=sets, replays=args.replays)
+    rec["copy_frac"] = 8 * half / (rec["copy_us"] * 1e-6) / bw
+    del srcs, dsts
     rec["gdnjit_eager_us"] = bc.time_eager(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout), n_sets=sets,
                                            bursts=3 if args.quick else 7)
     if not args.no_ref:
@@ -166,13 +182,16 @@ def _f(x, fmt="{:.1f}"):
     return None if x is None else fmt.format(x)
 
 
-HEADERS = ["layout", "M", "K", "MB", "gdnjit µs", "GB/s", "of copy", "eager µs", "ref µs", "x", "compiled µs", "x",
-           "exact", "L2"]
+HEADERS = ["layout", "M", "K", "MB", "gdnjit µs", "GB/s", "of copy", "PDL µs", "of copy", "same-size copy µs",
+           "its frac", "eager µs",
+           "ref µs", "x", "compiled µs", "x", "exact", "L2"]
 
 
 def table_rows(records: list[dict]) -> list[list]:
     return [[r["layout"], r["M"], r["K"], _f(r["bytes"] / 1e6, "{:.2f}"), _f(r.get("gdnjit_us"), "{:.2f}"),
-             _f(r.get("gdnjit_gbps"), "{:.0f}"), _f(r.get("gdnjit_frac"), "{:.2f}"), _f(r.get("gdnjit_eager_us")),
+             _f(r.get("gdnjit_gbps"), "{:.0f}"), _f(r.get("gdnjit_frac"), "{:.2f}"), _f(r.get("pdl_us"), "{:.2f}"),
+             _f(r.get("pdl_frac"), "{:.2f}"), _f(r.get("copy_us"), "{:.2f}"),
+             _f(r.get("copy_frac"), "{:.2f}"), _f(r.get("gdnjit_eager_us")),
              _f(r.get("ref_us")), _f(r.get("ref_speedup")), _f(r.get("compiled_us"), "{:.2f}"),
              _f(r.get("compiled_speedup")), "yes" if r.get("exact") else "NO", "L2" if r.get("l2_resident") else ""]
             for r in records]

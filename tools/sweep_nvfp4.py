@@ -1,6 +1,6 @@
 """Time every valid NVFP4 tunable choice over an (M, K) grid on this GPU; prints the best per shape.
 
-    PYTHONPATH=$PWD python3 tools/sweep_nvfp4.py [--m 128 1024 4096 16384] [--k 2048 7168] --out DIR
+    PYTHONPATH=$PWD python3 tools/sweep_nvfp4.py [--m 128 1024 4096 16384] [--k 2048 7168] [--pdl] --out DIR
 
 The measurements behind the rules in gdnjit/specs/nvfp4_quantize.yaml (docs/perf.md).
 """
@@ -23,6 +23,7 @@ def main() -> int:
     ap.add_argument("--m", type=int, nargs="+", default=[128, 1024, 4096, 8192, 16384])
     ap.add_argument("--k", type=int, nargs="+", default=[2048, 4096, 7168, 8192])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    ap.add_argument("--pdl", action="store_true", help="the enable_pdl=True variants, launched with PDL")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from gdnjit import dispatch, expr, kernels, nvfp4
@@ -47,7 +48,7 @@ def main() -> int:
             sets = []
             for _ in range(n_sets):
                 a = torch.randn(M, K, device="cuda", dtype=dt) * 3
-                fp4, sf, call = nvfp4._prepare(a, gs)
+                fp4, sf, call = nvfp4._prepare(a, gs, enable_pdl=args.pdl)
                 sets.append(call + (a, fp4, sf))  # keep the input and both outputs alive while timing
             params, facts, _, _ = sets[0][:4]
             pdict = dict(zip(spec.param_names, params))
@@ -63,7 +64,8 @@ def main() -> int:
                 ctx = dict(v.values)
                 ctx.update(fdict)
                 grid = int(expr.evaluate(dict(spec.launch)["grid"], ctx))
-                us = time_graph_us(lambda i: launcher(grid, sets[i][2]), len(sets), replays=15)
+                launch = launcher.launch_pdl if args.pdl else launcher
+                us = time_graph_us(lambda i: launch(grid, sets[i][2]), len(sets), replays=15)
                 res.append((us, dict(v.tunables)))
             res.sort(key=lambda r: r[0])
             rule_us = next(us for us, t in res if t == rule)

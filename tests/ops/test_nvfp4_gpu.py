@@ -142,8 +142,9 @@ def test_every_tunable_matches():
         gs = global_scale(a, "recipe-float")
         ref = quantize_reference(a, gs, layout)
         params = dict(in_dtype={"fp8": "fp8e4m3"}.get(dtype, dtype), sf_layout=nvfp4._LAYOUT_PARAM[layout], K=K,
-                      hw_e2m1=hw)
-        for tun in spec.all_tunable_choices():
+                      hw_e2m1=hw, pdl=False)
+        for tun, pdl in itertools.product(spec.all_tunable_choices(), (False, True)):
+            params["pdl"] = pdl
             if spec.violations(params, tun):
                 continue
             variant = Variant.make(spec, params, tun, arch)
@@ -201,6 +202,37 @@ def test_cuda_graph_capture_and_replay():
         torch.cuda.synchronize()
         for layout, o in zip(LAYOUTS, outs):
             check(o, quantize_reference(a, gs, layout), f"graph replay {step} {layout.name}")
+
+
+def test_enable_pdl_back_to_back_reads_what_the_previous_kernel_wrote():
+    """With programmatic dependent launch each quantize kernel may be scheduled while the previous
+    kernel runs: it must still read the input the previous kernel wrote, for PDL on, off and auto,
+    eagerly and replayed from a graph."""
+    src = [make_input(2048, 4096, "bf16", seed=41 + i) for i in range(4)]
+    a = torch.empty_like(src[0])
+    for pdl in (True, False, None):
+        outs = []
+        for x in src:
+            torch.mul(x, 1.0, out=a)  # the input is written by the kernel just before the quantize
+            outs.append(gdnjit.nvfp4_quantize(a, 1.5, enable_pdl=pdl))
+            outs.append(gdnjit.nvfp4_quantize(a, 0.5, enable_pdl=pdl))  # two PDL kernels back to back
+        torch.cuda.synchronize()
+        for i, x in enumerate(src):
+            check(outs[2 * i], quantize_reference(x, 1.5), f"pdl={pdl} step {i}")
+            check(outs[2 * i + 1], quantize_reference(x, 0.5), f"pdl={pdl} step {i} second")
+    graph = torch.cuda.CUDAGraph()
+    outs = []
+    with torch.cuda.graph(graph):
+        for x in src:
+            torch.mul(x, 1.0, out=a)
+            outs.append(gdnjit.nvfp4_quantize(a, 1.5, enable_pdl=True))
+    for step in range(2):
+        for x in src:
+            x.mul_(-1.0 - step)
+        graph.replay()
+        torch.cuda.synchronize()
+        for i, x in enumerate(src):
+            check(outs[i], quantize_reference(x, 1.5), f"graph replay {step} step {i}")
 
 
 def test_runs_on_the_current_stream():

@@ -39,8 +39,8 @@ def test_valid_call_params_and_args():
     fp4, sf, call = prep(a, 2.0)
     assert fp4.shape == (5, 32) and fp4.dtype == torch.uint8
     assert sf.shape == (128, 4) and sf.dtype == torch.uint8
-    params, facts, values, dev = call
-    assert params == ("bf16", "128x4", 64, False) and facts == (5,) and dev == 0
+    params, facts, values, dev, _pdl = call
+    assert params == ("bf16", "128x4", 64, False, False) and facts == (5,) and dev == 0 and _pdl is False
     spec = gdnjit.spec.get_spec("nvfp4_quantize")
     named = dict(zip([n for n, _ in spec.args], values))
     assert named["x"] == a.data_ptr() and named["q"] == fp4.data_ptr() and named["sf"] == sf.data_ptr()
@@ -187,3 +187,17 @@ def test_reference_backend_and_dequantize_helper():
         assert torch.equal(gdnjit.dequantize_nvfp4(fp4, sf, gs, layout, 6, 64), deq)
     with pytest.raises(ValueError, match="m, k: required"):
         gdnjit.dequantize_nvfp4(fp4.view(-1), sf, gs, "linear")
+
+
+def test_enable_pdl_resolution():
+    """True: the PDL variant (params[-1]) launched with PDL; None / False: neither; True below
+    sm_90 is refused, not ignored."""
+    x = torch.randn(4, 32, dtype=torch.bfloat16)
+    for pdl, want in ((None, False), (False, False), (True, True)):
+        call = prep(x, enable_pdl=pdl)[2]
+        assert call[4] is want and call[0][-1] is want
+    assert prep(x, arch="sm_89")[2][4] is False
+    with pytest.raises(ValueError, match="enable_pdl"):
+        prep(x, arch="sm_89", enable_pdl=True)
+    with pytest.raises(TypeError, match="enable_pdl"):
+        prep(x, enable_pdl=1)
