@@ -168,7 +168,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
         )
     if enable_pdl and arch_num < _PDL_ARCH:
         raise ValueError(f"enable_pdl: True needs compute capability 9.0 or newer (griddepcontrol); {device} is {arch}")
-    pdl = bool(enable_pdl)  # None: off (opt-in; see the docstring)
+    pdl = (arch_num >= _PDL_ARCH) if enable_pdl is None else enable_pdl  # None: where supported
     params = (_IN_DTYPES[a.dtype], _LAYOUT_PARAM[layout], K, arch_num >= _HW_E2M1_ARCH, pdl)
     values = (x.data_ptr(), fp4.data_ptr(), sf.data_ptr(), gs_ptr, x.stride(0), M, sf_rows, gs_value)
     return fp4, sf, (params, (M,), values, dev, pdl)
@@ -201,13 +201,12 @@ def nvfp4_quantize(
             its TRT-LLM-gen GEMM (128-row epilogue tiles); that weight-preparation step is not an
             activation layout and is refused with a ValueError.
         sf_vec_size: must be 16 (NVFP4). 32 (MXFP4) raises ValueError.
-        enable_pdl: programmatic dependent launch. True (compute capability >= 9.0, else
-            ValueError): a kernel variant that waits for the previous kernel in the stream
+        enable_pdl: programmatic dependent launch, as in FlashInfer: None (default) = on where the
+            device supports it (compute capability >= 9.0), True = on (ValueError below 9.0), False =
+            off. On: a kernel variant that waits for the previous kernel in the stream
             (``griddepcontrol.wait``) before touching memory, launched so that it may be scheduled
             while that kernel finishes, and that lets a following PDL kernel start once its loads
-            are issued. None (default) and False: off. Unlike FlashInfer, None does not turn it on
-            by itself: the per-CTA wait made back-to-back calls of the small-CTA variants up to 2x
-            slower on an H200 (docs/perf.md). Results are identical either way.
+            are issued (its own launch shapes: docs/perf.md). Results are identical either way.
         backend: ``"gdnjit"`` (the JIT kernel) or ``"reference"`` (the torch reference; slow,
             synchronises, works on any device).
 

@@ -40,7 +40,7 @@ def test_valid_call_params_and_args():
     assert fp4.shape == (5, 32) and fp4.dtype == torch.uint8
     assert sf.shape == (128, 4) and sf.dtype == torch.uint8
     params, facts, values, dev, _pdl = call
-    assert params == ("bf16", "128x4", 64, False, False) and facts == (5,) and dev == 0 and _pdl is False
+    assert params == ("bf16", "128x4", 64, False, True) and facts == (5,) and dev == 0 and _pdl is True
     spec = gdnjit.spec.get_spec("nvfp4_quantize")
     named = dict(zip([n for n, _ in spec.args], values))
     assert named["x"] == a.data_ptr() and named["q"] == fp4.data_ptr() and named["sf"] == sf.data_ptr()
@@ -190,10 +190,10 @@ def test_reference_backend_and_dequantize_helper():
 
 
 def test_enable_pdl_resolution():
-    """True: the PDL variant (params[-1]) launched with PDL; None / False: neither; True below
-    sm_90 is refused, not ignored."""
+    """None / True: the PDL variant (params[-1]) launched with PDL where supported (sm_90+);
+    False: neither; True below sm_90 is refused, not ignored."""
     x = torch.randn(4, 32, dtype=torch.bfloat16)
-    for pdl, want in ((None, False), (False, False), (True, True)):
+    for pdl, want in ((None, True), (False, False), (True, True)):
         call = prep(x, enable_pdl=pdl)[2]
         assert call[4] is want and call[0][-1] is want
     assert prep(x, arch="sm_89")[2][4] is False
