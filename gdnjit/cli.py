@@ -106,6 +106,14 @@ def cmd_tune(args) -> int:
     from .tune import table_doc, tune
     from .tuned import device_slug, write_table
 
+    if args.where is not None:  # a bad expression fails here, not after the first compiles
+        from . import expr as _expr
+
+        try:
+            _expr.compile_expr(args.where)
+        except _expr.ExprError as e:
+            print(f"gdnjit tune: --where: {e}", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("gdnjit tune: needs a CUDA GPU (it measures the candidates on it)", file=sys.stderr)
         return 2

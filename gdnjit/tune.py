@@ -67,6 +67,18 @@ def _gdn_calls(params: dict[str, Any], B: int, H: int, HV: int, device, n_sets_f
 _BUILDERS = {"gdn": _gdn_calls}
 
 
+def candidate_tunables(spec, params: dict[str, Any], where: str | None,
+                       always: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The valid tunable choices for ``params`` for which ``where`` (an expression over params and
+    tunables; None: all) holds, then those of ``always`` (the rules' choices) not yet among them."""
+    out = [t for t in spec.all_tunable_choices() if not spec.violations(params, t)
+           and (where is None or _expr.evaluate(where, {**params, **t}))]
+    for t in always:
+        if t not in out:
+            out.append(t)
+    return out
+
+
 def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_sizes: list[int] | None = None,
          log: Callable[[str], None] = print, where: str | None = None) -> list[dict[str, Any]]:
     """Measure all valid candidates for each (problem, B); returns tuned-table entries.
@@ -91,13 +103,11 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
     for prob in problems:
         spec = get_spec(prob.spec)
         params = dict(prob.params)
-        candidates = [t for t in spec.all_tunable_choices() if not spec.violations(params, t)
-                      and (where is None or _expr.evaluate(where, {**params, **t}))]
-        for B in batch_sizes or prob.batch_sizes:  # the rules' choices are always candidates
+        rule_choices = []
+        for B in batch_sizes or prob.batch_sizes:
             facts = {"B": B, "H": prob.H, "HV": prob.HV, "num_sms": info.num_sms}
-            rule_t, _ = dispatch.select(spec, params, {f: facts[f] for f in spec.facts})
-            if rule_t not in candidates:
-                candidates.append(rule_t)
+            rule_choices.append(dispatch.select(spec, params, {f: facts[f] for f in spec.facts})[0])
+        candidates = candidate_tunables(spec, params, where, rule_choices)
         variants = [Variant.make(spec, params, t, info.arch) for t in candidates]
         warm(variants, config)
         for B in batch_sizes or prob.batch_sizes:

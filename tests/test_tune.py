@@ -1,0 +1,43 @@
+"""``gdnjit tune``'s candidate selection (CPU): ``--where`` narrows the valid choices, the rules' choices
+are always measured, and a bad expression is refused before anything is compiled."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from gdnjit import cli, dispatch
+from gdnjit.spec import get_spec
+from gdnjit.tune import candidate_tunables
+
+SPEC = get_spec("gdn")
+PARAMS = dict(layout="klast", K=128, V=128, T=4, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32",
+              dtb_dtype="fp32", pool=True, idx_dtype="int32", same_pool=True, inter_dtype="none",
+              ssm_idx_dtype="none", update=True, l2norm=True)
+FACTS = {"B": 512, "H": 16, "HV": 64, "num_sms": 132}
+
+
+def test_all_valid_choices_without_where():
+    got = candidate_tunables(SPEC, PARAMS, None, [])
+    valid = [t for t in SPEC.all_tunable_choices() if not SPEC.violations(PARAMS, t)]
+    assert got == valid and len(got) > 100
+    assert {t["form"] for t in got} == {"recurrent", "chunk", "mma"} and {t["pipe"] for t in got} == {1, 2, 4, 8}
+
+
+def test_where_narrows_and_rules_choice_is_kept():
+    rule, _ = dispatch.select(SPEC, PARAMS, FACTS)
+    got = candidate_tunables(SPEC, PARAMS, "form == 'mma' and tile_v == 64", [rule])
+    mma = [t for t in got if t["form"] == "mma"]
+    assert mma and all(t["tile_v"] == 64 for t in mma)
+    assert got[-1] == rule and rule["form"] == "recurrent"  # measured alongside, for the comparison
+    assert all(not SPEC.violations(PARAMS, t) for t in got)
+    # where may name params too; a rule choice already selected is not repeated
+    same = candidate_tunables(SPEC, PARAMS, "T == 4 and form == 'recurrent'", [rule])
+    assert same.count(rule) == 1 and all(t["form"] == "recurrent" for t in same)
+
+
+def test_bad_where_is_refused_before_any_work():
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        rc = cli.main(["tune", "--shapes", "tools/bench_shapes.yaml", "--where", "form == ("])
+    assert rc == 2 and "--where" in err.getvalue() and "syntax error" in err.getvalue()
