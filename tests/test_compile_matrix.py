@@ -88,14 +88,34 @@ def fallback_variants() -> tuple[list[Variant], list[tuple]]:
     return _dedup(out), uncovered
 
 
+def kind_variants() -> list[Variant]:
+    """The tuner may pick any valid candidate, also of the kinds the rules never choose: for each
+    multi-token kind (chunk, mma, pipelined) the first and last valid candidate over T in {2, 8, 16}
+    x state dtype x (plain, verify buffer, per-token ssm writes) x K in {64, 256}."""
+    kinds = ({"form": "chunk"}, {"form": "mma"}, {"form": "recurrent", "pipe": 2}, {"form": "recurrent", "pipe": 8})
+    base = {n: v[0] for n, v in SPEC.params}
+    out = []
+    for T, sd, (inter, ssm, upd), K in itertools.product(
+            (2, 8, 16), ("fp32", "bf16"), (("none", "none", True), ("fp32", "none", False), ("none", "int64", True)),
+            (64, 256)):
+        p = dict(base, layout="klast", K=K, V=128, T=T, state_dtype=sd, pool=True, inter_dtype=inter,
+                 ssm_idx_dtype=ssm, update=upd)
+        for kind in kinds:
+            valid = [t for t in SPEC.all_tunable_choices()
+                     if all(t[k] == v for k, v in kind.items()) and not SPEC.violations(p, t)]
+            out += [_variant(p, t) for t in valid[:1] + valid[-1:]]
+    return _dedup(out)
+
+
 DISPATCH = dispatch_variants()
 FALLBACK, UNCOVERED = fallback_variants()
+KINDS = kind_variants()
 
 
 @pytest.fixture(scope="module")
 def built():
     """Compile the union of both sets once; {(params, tunables): meta or exception}."""
-    todo = _dedup(DISPATCH + FALLBACK)
+    todo = _dedup(DISPATCH + FALLBACK + KINDS)
 
     def one(v: Variant):
         try:
@@ -171,3 +191,11 @@ def test_dispatch_variants_do_not_spill(built):
 def test_fallback_variants_compile(built):
     bad = _problems(FALLBACK, built)
     assert not bad, f"{len(bad)} of {len(FALLBACK)} fallback variants:\n" + "\n".join(bad)
+
+
+def test_tuner_candidates_of_every_kind_compile_clean(built):
+    """Chunk, mma and pipelined candidates: compile, no spills, no stack frame, no warnings (the spec's
+    register constraints exclude the shapes that spilled)."""
+    assert len(KINDS) >= 100
+    bad = _problems(KINDS, built)
+    assert not bad, f"{len(bad)} of {len(KINDS)} candidate variants:\n" + "\n".join(bad)
