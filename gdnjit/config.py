@@ -17,6 +17,11 @@ Environment variables:
 ``GDNJIT_CHECK_INDICES``       ``1``: check state indices against the pool size on the host before each
                                 launch (a device sync; for debugging). Without it an out-of-range
                                 index stops the kernel (``__trap``) instead of corrupting memory.
+``GDNJIT_PDL``                   ``0``: launch the GDN kernels without programmatic dependent launch. Default on
+                                (sm_90+): each GDN kernel waits (``griddepcontrol.wait``) for the previous grid
+                                before its first memory access, so it may be scheduled while that grid finishes
+                                (-0.5 to -0.6 us per call at B = 1, no change at large batch; docs/perf.md v7).
+                                NVFP4 takes ``enable_pdl`` per call instead, as in FlashInfer.
 ``GDNJIT_LOG_LEVEL``            logging level name for the ``gdnjit`` logger (default WARNING)
 ``GDNJIT_CACHE_MAX_BYTES``      size limit of the writable cache dir's entries: bytes, or a number with a
                                 binary suffix (``K``, ``M``, ``G``, ``T``; ``KiB``/``KB`` alike: ``500M``,
@@ -85,6 +90,7 @@ class Config:
     disable_disk_cache: bool = False
     save_source: bool = False
     check_indices: bool = False
+    pdl: bool = True
     log_level: str = "WARNING"
     cache_max_bytes: int = 0  # 0: unlimited
 
@@ -120,6 +126,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         disable_disk_cache=_flag(env, "GDNJIT_DISABLE_DISK_CACHE"),
         save_source=_flag(env, "GDNJIT_SAVE_SOURCE"),
         check_indices=_flag(env, "GDNJIT_CHECK_INDICES"),
+        pdl=_flag(env, "GDNJIT_PDL") if env.get("GDNJIT_PDL", "").strip() else True,
         log_level=level,
         cache_max_bytes=parse_size("environment variable GDNJIT_CACHE_MAX_BYTES",
                                    env.get("GDNJIT_CACHE_MAX_BYTES", "")),

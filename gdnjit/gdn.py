@@ -50,8 +50,13 @@ def _host_index_check(name: str, idx: torch.Tensor, pool_size: int) -> None:
         raise IndexError(f"{name}: index {int(idx.max())} is out of range for a pool of {pool_size} slots")
 
 
-_fast: dict = kernels.register_memo({})  # call signature -> (launcher, grid, output shape, static kernel args); see _run
+_fast: dict = kernels.register_memo({})  # call signature -> (BoundLaunch, output shape, device); see _run
 _FAST_MAX = 4096
+
+
+def _meta(x):
+    """The metadata every check reads, for a present optional tensor."""
+    return x.shape, x.stride(), x.dtype, x.get_device()
 
 
 def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
@@ -60,20 +65,32 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
 
     Hot path: every check depends only on tensor metadata (shape, strides, dtype, device, pointer
     alignment) and the flags, so a call whose signature was validated before skips straight to
-    gathering data pointers and launching. Anything new (or any non-tensor) takes the full path.
+    gathering data pointers and launching a :class:`~gdnjit.launch.BoundLaunch` (its non-pointer
+    arguments packed once). Anything new (or any non-tensor) takes the full path. The signature is
+    one flat tuple written out argument by argument: a generator over the 13 slots cost ~4 us more
+    per call (tools/bench_host.py).
     """
-    tensors = (q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm)
     try:
-        ptrs = tuple(0 if x is None else x.data_ptr() for x in tensors)
+        ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
+                b.data_ptr(), pool.data_ptr(), 0 if read_idx is None else read_idx.data_ptr(),
+                0 if write_idx is None else write_idx.data_ptr(), 0 if output is None else output.data_ptr(),
+                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr())
         # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
         sig = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
                (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15,
-               tuple(None if x is None else (x.shape, x.stride(), x.dtype, x.get_device()) for x in tensors))
+               q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+               v.shape, v.stride(), v.dtype, v.get_device(), a.shape, a.stride(), a.dtype, a.get_device(),
+               b.shape, b.stride(), b.dtype, b.get_device(), pool.shape, pool.stride(), pool.dtype, pool.get_device(),
+               A_log.shape, A_log.stride(), A_log.dtype, A_log.get_device(),
+               dt_bias.shape, dt_bias.stride(), dt_bias.dtype, dt_bias.get_device(),
+               None if output is None else (output.shape, output.stride(), output.dtype, output.get_device()),
+               None if read_idx is None else _meta(read_idx), None if write_idx is None else _meta(write_idx),
+               None if inter is None else _meta(inter), None if ssm is None else _meta(ssm))
         hit = _fast.get(sig)
     except (AttributeError, TypeError, RuntimeError):  # a non-tensor / sparse argument: the full path reports it
         hit = sig = None
     if hit is not None:
-        launcher, grid, out_shape, dev, tail = hit
+        bound, out_shape, dev = hit
         if output is None:
             output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
             ptrs = ptrs[:10] + (output.data_ptr(),) + ptrs[11:]
@@ -84,17 +101,20 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
             return output
         params, facts, values, dev = call
         launcher, grid = kernels.resolve(get_spec("gdn"), params, facts, dev)
-        tail = values[13:]
+        config = get_config()
+        # PDL (GDNJIT_PDL): every gdn kernel waits (griddepcontrol.wait) before its first memory access
+        # on sm_90+, so it may be launched to overlap the end of the previous kernel
+        bound = launcher.bind(grid, values, pdl=config.pdl and kernels.supports_pdl(dev))
         ptrs = values[:13]
-        if sig is not None and not get_config().check_indices:
+        if sig is not None and not config.check_indices:
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
-            _fast[sig] = (launcher, grid, tuple(output.shape), dev, tail)
+            _fast[sig] = (bound, tuple(output.shape), dev)
     if torch._C._cuda_getDevice() != dev:
         with torch.cuda.device(dev):
-            launcher(grid, ptrs + tail)
+            bound(ptrs)
     else:
-        launcher(grid, ptrs + tail)
+        bound(ptrs)
     return output
 
 

@@ -61,6 +61,12 @@ def device_info(index: int) -> DeviceInfo:
     return DeviceInfo(index, prop.name, arch_for_capability(prop.major, prop.minor), prop.multi_processor_count)
 
 
+def supports_pdl(index: int) -> bool:
+    """Whether kernels on this device can be launched with programmatic dependent launch
+    (``griddepcontrol``: compute capability 9.0 and newer)."""
+    return int(device_info(index).arch[3:].rstrip("af")) >= 90
+
+
 def clear_launcher_cache() -> None:
     """Forget loaded launchers and dispatch results (e.g. after changing the configuration)."""
     _launchers.clear()

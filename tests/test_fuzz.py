@@ -544,8 +544,9 @@ def oracle(fn: str, a: dict) -> set[str]:
             bad |= {"ssm_state_indices", "output_state_indices"}
         tensor_ok("ssm_state_indices", ssm, 2, IDX_DTYPES, (B, T))
     out = get("output")
-    if out is not None and tensor_ok("output", out, 4, OUT_DTYPES, (B, T, HV, V)) and not _last_contig(out):
-        bad.add("output")
+    if out is not None and tensor_ok("output", out, 4, OUT_DTYPES, (B, T, HV, V)) and (
+            not _last_contig(out) or any(n > 1 and sd == 0 for n, sd in zip(out.shape, out.stride()))):
+        bad.add("output")  # rows that alias each other (stride 0, e.g. expand) would race
     return bad
 
 

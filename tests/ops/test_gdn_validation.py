@@ -185,7 +185,13 @@ def test_fast_path_does_not_skip_type_checks(monkeypatch):
 
     launches = []
     monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
-    monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (lambda grid, values: launches.append(grid), 1))
+
+    class FakeLauncher:  # bind() -> a launch that records the call
+        def bind(self, grid, values, pdl=False):
+            return lambda ptrs: launches.append(grid)
+
+    monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (FakeLauncher(), 1))
+    monkeypatch.setattr(kernels, "supports_pdl", lambda dev: False)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # CPU torch lacks it
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(g, "_fast", {})
@@ -199,3 +205,31 @@ def test_fast_path_does_not_skip_type_checks(monkeypatch):
     with pytest.raises(TypeError, match="use_qk_l2norm: expected a bool"):
         gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=1.0, use_qk_l2norm=1)
     assert len(launches) == 2
+
+
+
+@pytest.mark.parametrize("flag, capable, expected", [(True, True, True), (True, False, False), (False, True, False)])
+def test_pdl_follows_the_config_and_the_device(monkeypatch, flag, capable, expected):
+    """GDNJIT_PDL (default on) launches with PDL where the device has griddepcontrol (sm_90+), else plainly."""
+    import dataclasses
+
+    from gdnjit import config as cfg, gdn as g, kernels, validate
+
+    binds = []
+
+    class FakeLauncher:
+        def bind(self, grid, values, pdl=False):
+            binds.append(pdl)
+            return lambda ptrs: None
+
+    monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
+    monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (FakeLauncher(), 1))
+    monkeypatch.setattr(kernels, "supports_pdl", lambda dev: capable)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(g, "_fast", {})
+    monkeypatch.setattr(cfg, "_current", dataclasses.replace(cfg.get_config(), pdl=flag))
+    t = make()
+    gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"],
+                                                t["b"])
+    assert binds == [expected]
