@@ -183,7 +183,7 @@ DT_IDX = {"int32": torch.int32, "int64": torch.int64}
 # Multi-token kernel kinds the tuner can choose, by the tunables that define them.
 OVERRIDES = {"recurrent": {"form": "recurrent", "pipe": 1}, "chunk": {"form": "chunk"}, "mma": {"form": "mma"},
              "pipe2": {"form": "recurrent", "pipe": 2}, "pipe4": {"form": "recurrent", "pipe": 4}}
-# K split across warps (K-major only): every k_warps value the spec allows above 1
+# K split across warps: every k_warps value the spec allows above 1
 KW_OVERRIDES = {f"kwarps{w}": {"form": "recurrent", "pipe": 1, "k_warps": w} for w in (2, 4, 8)}
 
 

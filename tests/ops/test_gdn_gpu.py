@@ -252,14 +252,14 @@ def test_form_forced(case, kind):
         check(case, run_case(case, seed=random.Random(f"{kind}{case}").randrange(1 << 30)))
 
 
-# ---- K-major with the row's K split across warps (k_warps), forced ------------------------------
-KW_CASES = [(c, name) for c in MATRIX + EXTREME_GATES if c.layout == "kmajor" for name in KW_OVERRIDES][::5]
+# ---- the row's K split across warps (k_warps), forced -----------------------------------------
+KW_CASES = [(c, name) for c in MATRIX + EXTREME_GATES for name in KW_OVERRIDES][::7]
 
 
 @pytest.mark.parametrize("case,kind", KW_CASES, ids=[f"{k}-T{c.T}-{i}" for i, (c, k) in enumerate(KW_CASES)])
 def test_k_warps_forced(case, kind):
-    """K-major cases of the matrix and the extreme gates with K split over 2, 4 or 8 warps (every fifth
-    (case, kind) pair: each kind meets every T, K, V and dtype the matrix has)."""
+    """Cases of the matrix and the extreme gates with K split over 2, 4 or 8 warps (every seventh
+    (case, kind) pair: each kind meets both layouts and every T, K, V and dtype the matrix has)."""
     from gdnjit.spec import get_spec
 
     if forced_tunables(get_spec("gdn"), case_params(case), {}, KW_OVERRIDES[kind]) is None:
