@@ -151,7 +151,7 @@ class Launcher:
     """A ready-to-launch kernel on one device."""
 
     __slots__ = ("name", "function", "module", "device_index", "block", "smem", "fmt", "buf", "params_addr",
-                 "_ptrs", "_stream", "_pack", "_pack_ptrs", "_fn", "_ex", "_cfg", "_cfg_pdl", "_keep")
+                 "_ptrs", "_stream", "_pack", "_pack_ptrs", "_fn", "_ex", "_cfg", "_cfg_pdl", "_keep", "_cfg_addr")
 
     def __init__(self, name: str, module, function, device_index: int, block: int, smem: int,
                  args: Sequence[tuple[str, str]]):
@@ -173,6 +173,7 @@ class Launcher:
         cfg, attrs = launch_config(1, self.block, self.smem, False)
         cfg_pdl, attrs_pdl = launch_config(1, self.block, self.smem, True)
         self._cfg, self._cfg_pdl, self._keep = cfg, cfg_pdl, (attrs, attrs_pdl)
+        self._cfg_addr = {False: ctypes.addressof(cfg), True: ctypes.addressof(cfg_pdl)}
         if self.smem > 48 * 1024:
             check(driver.cuFuncSetAttribute(
                 function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
@@ -185,7 +186,7 @@ class Launcher:
         self._pack(self.buf, 0, *values)
         cfg.gridDimX = grid
         cfg.hStream = self._stream(self.device_index)
-        err = self._ex(ctypes.addressof(cfg), self._fn, self.params_addr, None)
+        err = self._ex(self._cfg_addr[pdl], self._fn, self.params_addr, None)
         if err:
             self._fail(err, grid, pdl)
 
