@@ -59,6 +59,13 @@ def _meta(x):
     return x.shape, x.stride(), x.dtype, x.get_device()
 
 
+def uses_pdl(device_index: int) -> bool:
+    """Whether gdn kernels are launched with programmatic dependent launch on this device: GDNJIT_PDL
+    on and sm_90+. Every gdn kernel waits (griddepcontrol.wait) before its first load or store, so it
+    may overlap the end of the previous kernel (its L2 state prefetch runs before the wait)."""
+    return get_config().pdl and kernels.supports_pdl(device_index)
+
+
 def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
          update: bool, l2norm: bool, direct: bool) -> torch.Tensor:
     """Validate, then launch one kernel. ``pool`` is the direct state when ``direct``.
@@ -101,12 +108,9 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
             return output
         params, facts, values, dev = call
         launcher, grid = kernels.resolve(get_spec("gdn"), params, facts, dev)
-        config = get_config()
-        # PDL (GDNJIT_PDL): every gdn kernel waits (griddepcontrol.wait) before its first memory access
-        # on sm_90+, so it may be launched to overlap the end of the previous kernel
-        bound = launcher.bind(grid, values, pdl=config.pdl and kernels.supports_pdl(dev))
+        bound = launcher.bind(grid, values, pdl=uses_pdl(dev))
         ptrs = values[:13]
-        if sig is not None and not config.check_indices:
+        if sig is not None and not get_config().check_indices:
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
             _fast[sig] = (bound, tuple(output.shape), dev)

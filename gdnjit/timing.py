@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Callable
 
 
 def time_graph_us(fn: Callable[[int], None], n_sets: int, calls: int = 10, replays: int = 7) -> float:
-    """Median device microseconds per call: ``calls`` calls (cycling over ``n_sets`` input sets, so
-    the working set can exceed L2) captured in one CUDA graph, replayed ``replays`` times."""
+    """Median device microseconds per call: ``calls`` calls (raised to a multiple of ``n_sets``, so
+    every input set is used once per replay and the working set exceeds L2 as the caller sized it)
+    captured in one CUDA graph, cycling over the sets, replayed ``replays`` times."""
     import torch
+
+    calls = n_sets * math.ceil(max(calls, n_sets) / n_sets)
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

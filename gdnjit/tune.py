@@ -20,6 +20,7 @@ from .variant import Variant
 from .warm import warm
 
 _MAX_SETS = 64
+_TOP = 8  # fastest candidates kept per entry
 _MEM_CAP = 24 << 30
 
 
@@ -64,7 +65,14 @@ def _gdn_calls(params: dict[str, Any], B: int, H: int, HV: int, device, n_sets_f
     return calls
 
 
+def _gdn_uses_pdl(device_index: int) -> bool:
+    from . import gdn
+
+    return gdn.uses_pdl(device_index)
+
+
 _BUILDERS = {"gdn": _gdn_calls}
+_USES_PDL = {"gdn": _gdn_uses_pdl}
 
 
 def candidate_tunables(spec, params: dict[str, Any], where: str | None,
@@ -118,20 +126,24 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
             facts = {"B": B, "H": prob.H, "HV": prob.HV, "num_sms": info.num_sms}
             rule_tunables, _ = dispatch.select(spec, params, {f: facts[f] for f in spec.facts})
             sets = _BUILDERS[spec.name](params, B, prob.H, prob.HV, device, n_sets_for)
+            pdl = _USES_PDL[spec.name](device_index)  # launched as the op launches them
             timings = []
             for variant in variants:
                 launcher = kernels.get_launcher(variant, device_index, config)
                 ctx = dict(variant.values)
                 ctx.update(facts)
                 grid = int(_expr.evaluate(dict(spec.launch)["grid"], ctx))
-                us = time_graph_us(lambda i: launcher(grid, sets[i][0][2]), len(sets))
+                launch = launcher.launch_pdl if pdl else launcher
+                us = time_graph_us(lambda i: launch(grid, sets[i][0][2]), len(sets))
                 timings.append((us, dict(variant.tunables)))
             timings.sort(key=lambda x: x[0])
             best_us, best = timings[0]
             rule_us = next(us for us, t in timings if t == rule_tunables)
             entries.append({"spec": spec.name, "params": params, "facts": {"B": B, "H": prob.H, "HV": prob.HV},
                             "tunables": best, "us": round(best_us, 2), "rule_us": round(rule_us, 2),
-                            "candidates": len(timings)})
+                            "candidates": len(timings),
+                            # the runners-up, for writing rules that hold across problems
+                            "top": [{"us": round(us, 2), "tunables": t} for us, t in timings[:_TOP]]})
             log(f"{spec.name} {prob.call} B={B} H={prob.H} HV={prob.HV} T={params.get('T')}: best {best} "
                 f"{best_us:.1f} us, rules {rule_tunables} {rule_us:.1f} us ({len(timings)} candidates)")
             del sets
