@@ -4,7 +4,8 @@ A table is JSON: ``{"device": name, "arch": ..., "num_sms": ..., "entries": [{"s
 "facts", "tunables", "us", "rule_us"}]}``. Tables are looked up by a slug of the GPU name in the
 writable cache dir (``<cache>/tuned/``), the read-only cache dirs, then the package's shipped
 ``gdnjit/tuned/``. The dispatcher uses the entry with the same spec, params, H and HV whose batch
-size is nearest (in log scale) to the call's; without one it falls back to the spec's rules.
+size is nearest (in log scale) to the call's, within a factor of 4; without one it falls back to the
+spec's rules.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from .config import Config
 
 SHIPPED_DIR = Path(__file__).parent / "tuned"
+MAX_B_RATIO = 4  # a tuned entry serves batch sizes within this factor of its own
 
 
 def device_slug(name: str) -> str:
@@ -31,7 +33,7 @@ def table_paths(config: Config, device_name: str) -> list[Path]:
 
 
 class TunedTable:
-    """Lookup structure over one or more tuned tables (first file wins per problem)."""
+    """Lookup structure over one or more tuned tables (at equal batch size the first file's entry wins)."""
 
     def __init__(self, entries: list[dict[str, Any]]):
         self._by_problem: dict[tuple, list[tuple[int, dict]]] = {}
@@ -41,11 +43,15 @@ class TunedTable:
             self._by_problem.setdefault(key, []).append((int(f["B"]), e["tunables"]))
 
     def lookup(self, spec: str, params: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
+        """The tunables of the entry for these params, H and HV whose batch size is nearest to the
+        call's (log scale; ties to the smaller), if that is within a factor of :data:`MAX_B_RATIO`;
+        else None (the rules decide: a table tuned at B = 8 says nothing about B = 512)."""
         cands = self._by_problem.get((spec, tuple(sorted(params.items())), facts.get("H"), facts.get("HV")))
         if not cands:
             return None
         B = max(int(facts.get("B", 1)), 1)
-        return min(cands, key=lambda c: (abs(math.log(c[0]) - math.log(B)), c[0]))[1]
+        tb, tunables = min(cands, key=lambda c: (abs(math.log(c[0]) - math.log(B)), c[0]))
+        return tunables if abs(math.log(tb) - math.log(B)) <= math.log(MAX_B_RATIO) + 1e-9 else None
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_problem.values())

@@ -57,7 +57,8 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
                         if t is not None and not spec.violations(params, t):
                             choices.append(t)
                     for tunables in choices:
-                        memo = (spec.name, prob.params, tuple(tunables.items()), arch)
+                        # sorted: a rule's tunables come in spec order, a tuned table's in JSON key order
+                        memo = (spec.name, prob.params, tuple(sorted(tunables.items())), arch)
                         if memo not in seen:
                             seen[memo] = Variant.make(spec, params, tunables, arch)
     return list(seen.values())

@@ -105,6 +105,13 @@ def test_warm_dry_run(cache_dir, planned):
     assert entries(cache_dir, ".cubin") == [] and entries(cache_dir, ".json") == []
 
 
+def test_plan_lists_each_variant_once(planned):
+    """A tuned table's choice equal to a rule's (tunables in another key order) is one variant."""
+    from gdnjit.cache import cache_key
+
+    assert len({cache_key(v.key_fields) for v in planned}) == len(planned)
+
+
 def test_warm_compiles_every_planned_variant(warmed, planned):
     d, rc, out, err, elapsed = warmed
     n = len(planned)
