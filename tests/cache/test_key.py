@@ -428,10 +428,10 @@ def test_changing_a_variant_param_changes_key_and_name(spec, variant, tunables):
                 continue
             params = {**BASE_PARAMS, pname: alt}
             # the base tunables if they are valid for the new params (the usual case), else the first valid ones
-            valid = [t for t in [tunables, *spec.all_tunable_choices()] if not spec.violations(params, t)]
-            if not valid:
+            first = next((t for t in [tunables, *spec.all_tunable_choices()] if not spec.violations(params, t)), None)
+            if first is None:
                 continue
-            v = Variant.make(spec, params, valid[0], "sm_90")
+            v = Variant.make(spec, params, first, "sm_90")
             assert v.key not in keys, (pname, alt)
             assert v.name not in names, (pname, alt)
             keys.add(v.key)

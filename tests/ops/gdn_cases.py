@@ -182,7 +182,9 @@ DT_IDX = {"int32": torch.int32, "int64": torch.int64}
 
 # Multi-token kernel kinds the tuner can choose, by the tunables that define them.
 OVERRIDES = {"recurrent": {"form": "recurrent", "pipe": 1}, "chunk": {"form": "chunk"}, "mma": {"form": "mma"},
-             "pipe2": {"form": "recurrent", "pipe": 2}, "pipe4": {"form": "recurrent", "pipe": 4}}
+             "pipe2": {"form": "recurrent", "pipe": 2}, "pipe4": {"form": "recurrent", "pipe": 4},
+             "pipe8": {"form": "recurrent", "pipe": 8},  # the T = 3..6 rule's kind
+             "lanes4x2": {"form": "recurrent", "pipe": 1, "lanes_per_row": 4, "ilp": 2}}  # the T >= 7 rule's
 # K split across warps: every k_warps value the spec allows above 1
 KW_OVERRIDES = {f"kwarps{w}": {"form": "recurrent", "pipe": 1, "k_warps": w} for w in (2, 4, 8)}
 
