@@ -1,9 +1,10 @@
 """Tuned tables: measured best tunables per problem for one GPU model, written by ``gdnjit tune``.
 
 A table is JSON: ``{"device": name, "arch": ..., "num_sms": ..., "entries": [{"spec", "params",
-"facts", "tunables", "us", "rule_us"}]}``. Tables are looked up by a slug of the GPU name in the
-writable cache dir (``<cache>/tuned/``), the read-only cache dirs, then the package's shipped
-``gdnjit/tuned/``. The dispatcher uses the entry with the same spec, params, H and HV whose batch
+"facts", "tunables", "us", "rule_us", "top"}]}`` (``top``: the fastest candidates with their
+times). Tables are looked up by a slug of the GPU name in the writable cache dir
+(``<cache>/tuned/``), the read-only cache dirs, then the package's shipped ``gdnjit/tuned/``. The
+dispatcher uses the entry with the same spec, params, H and HV whose batch
 size is nearest (in log scale) to the call's, within a factor of 4; without one it falls back to the
 spec's rules.
 """
