@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import guard as _guard
 from . import kernels
 from . import validate as _v
 from .config import get_config
@@ -52,6 +53,11 @@ def _host_index_check(name: str, idx: torch.Tensor, pool_size: int) -> None:
 
 _fast: dict = kernels.register_memo({})  # call signature -> (BoundLaunch, output shape, device); see _run
 _FAST_MAX = 4096
+# flags + which optionals are present -> [(guard, (BoundLaunch, output shape, device)), ...], most recent first
+_guarded: dict = kernels.register_memo({})
+_GUARDS_PER_KEY = 4
+# stand-ins for absent optional tensors in a guard's slots (distinct objects: a guard refuses one object twice)
+_ABSENT = tuple(torch.empty(0) for _ in range(5))
 
 
 def _meta(x):
@@ -71,11 +77,12 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
     """Validate, then launch one kernel. ``pool`` is the direct state when ``direct``.
 
     Hot path: every check depends only on tensor metadata (shape, strides, dtype, device, pointer
-    alignment) and the flags, so a call whose signature was validated before skips straight to
+    alignment) and the flags, so a call whose metadata was validated before skips straight to
     gathering data pointers and launching a :class:`~gdnjit.launch.BoundLaunch` (its non-pointer
-    arguments packed once). Anything new (or any non-tensor) takes the full path. The signature is
-    one flat tuple written out argument by argument (on the dev CPU 3.0 us against 6.8 us for a
-    generator over the 13 slots; docs/perf.md v7).
+    arguments packed once). Two tiers: a C++ guard over the 13 tensor slots (:mod:`gdnjit.guard`,
+    ~0.1 us per tensor) keyed by the flags, then a signature of the metadata read in Python, one flat
+    tuple written out argument by argument (on the dev CPU 3.0 us against 6.8 us for a generator over
+    the slots; docs/perf.md v7). Anything new (or any non-tensor) takes the full path.
     """
     try:
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
@@ -83,19 +90,31 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
                 0 if write_idx is None else write_idx.data_ptr(), 0 if output is None else output.data_ptr(),
                 0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr())
         # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
-        sig = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
-               (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15,
-               q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
-               v.shape, v.stride(), v.dtype, v.get_device(), a.shape, a.stride(), a.dtype, a.get_device(),
-               b.shape, b.stride(), b.dtype, b.get_device(), pool.shape, pool.stride(), pool.dtype, pool.get_device(),
-               A_log.shape, A_log.stride(), A_log.dtype, A_log.get_device(),
-               dt_bias.shape, dt_bias.stride(), dt_bias.dtype, dt_bias.get_device(),
-               None if output is None else (output.shape, output.stride(), output.dtype, output.get_device()),
-               None if read_idx is None else _meta(read_idx), None if write_idx is None else _meta(write_idx),
-               None if inter is None else _meta(inter), None if ssm is None else _meta(ssm))
-        hit = _fast.get(sig)
+        gkey = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
+                (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15, read_idx is None, write_idx is None, output is None,
+                inter is None, ssm is None)
+        hit = None
+        guards = _guarded.get(gkey)
+        if guards is not None:
+            slots = (q, k, v, A_log, a, dt_bias, b, pool, _ABSENT[0] if read_idx is None else read_idx,
+                     _ABSENT[1] if write_idx is None else write_idx, _ABSENT[2] if output is None else output,
+                     _ABSENT[3] if inter is None else inter, _ABSENT[4] if ssm is None else ssm)
+            for guard, entry in guards:
+                if guard.check(*slots):
+                    hit = entry
+                    break
     except (AttributeError, TypeError, RuntimeError):  # a non-tensor / sparse argument: the full path reports it
-        hit = sig = None
+        hit = gkey = None
+    if hit is None and gkey is not None:
+        try:
+            hit, sig = _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale,
+                                      output, inter, ssm, update, l2norm, direct, gkey[7])
+        except (AttributeError, TypeError, RuntimeError):
+            hit = sig = None
+        if hit is not None:
+            _remember_guard(gkey, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm, hit)
+    else:
+        sig = None
     if hit is not None:
         bound, out_shape, dev = hit
         if output is None:
@@ -113,13 +132,46 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         if sig is not None and not get_config().check_indices:
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
-            _fast[sig] = (bound, tuple(output.shape), dev)
+            entry = (bound, tuple(output.shape), dev)
+            _fast[sig] = entry
+            _remember_guard(gkey, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx,
+                            None if gkey[10] else output, inter, ssm, entry)
     if torch._C._cuda_getDevice() != dev:
         with torch.cuda.device(dev):
             bound(ptrs)
     else:
         bound(ptrs)
     return output
+
+
+def _remember_guard(gkey, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm, entry):
+    """Put a guard of these tensors' metadata first in ``gkey``'s list (at most _GUARDS_PER_KEY)."""
+    slots = (q, k, v, A_log, a, dt_bias, b, pool, _ABSENT[0] if read_idx is None else read_idx,
+             _ABSENT[1] if write_idx is None else write_idx, _ABSENT[2] if output is None else output,
+             _ABSENT[3] if inter is None else inter, _ABSENT[4] if ssm is None else ssm)
+    try:
+        g = _guard.make(slots)
+    except Exception:  # e.g. one object in two slots: the signature path serves this call
+        return
+    if g is None or not g.check(*slots):
+        return
+    guards = _guarded.get(gkey, [])
+    _guarded[gkey] = [(g, entry)] + guards[:_GUARDS_PER_KEY - 1]
+
+
+def _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
+                   update, l2norm, direct, align):
+    """(memoised launch or None, signature): the metadata signature read in Python and its _fast entry."""
+    sig = (layout, direct, update, l2norm, type(l2norm), scale, type(scale), align,
+           q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
+           v.shape, v.stride(), v.dtype, v.get_device(), a.shape, a.stride(), a.dtype, a.get_device(),
+           b.shape, b.stride(), b.dtype, b.get_device(), pool.shape, pool.stride(), pool.dtype, pool.get_device(),
+           A_log.shape, A_log.stride(), A_log.dtype, A_log.get_device(),
+           dt_bias.shape, dt_bias.stride(), dt_bias.dtype, dt_bias.get_device(),
+           None if output is None else (output.shape, output.stride(), output.dtype, output.get_device()),
+           None if read_idx is None else _meta(read_idx), None if write_idx is None else _meta(write_idx),
+           None if inter is None else _meta(inter), None if ssm is None else _meta(ssm))
+    return _fast.get(sig), sig
 
 
 def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,

@@ -570,9 +570,11 @@ def no_launch():
     mp.setattr(kernels, "resolve", reached)
     mp.setattr(Launcher, "__call__", reached)
     gdn._fast.clear()
+    gdn._guarded.clear()
     yield
     mp.undo()
     gdn._fast.clear()
+    gdn._guarded.clear()
 
 
 @FUZZ

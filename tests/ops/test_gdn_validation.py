@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import gdnjit
-from gdnjit import gdn
+from gdnjit import gdn, guard
 
 
 def make(B=3, T=1, H=2, HV=4, K=128, V=128, dtype=torch.bfloat16, state_dtype=torch.float32, layout="klast"):
@@ -181,7 +181,7 @@ def test_public_api_errors_on_cpu_tensors():
 def test_fast_path_does_not_skip_type_checks(monkeypatch):
     """After a call with scale=1.0 (and use_qk_l2norm=True) is validated and memoised, a call with
     scale=True or use_qk_l2norm=1 (equal values as dict keys) must still be refused."""
-    from gdnjit import gdn as g, kernels, validate
+    from gdnjit import gdn as g, guard, kernels, validate
 
     launches = []
     monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
@@ -195,11 +195,13 @@ def test_fast_path_does_not_skip_type_checks(monkeypatch):
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # CPU torch lacks it
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(g, "_fast", {})
+    monkeypatch.setattr(g, "_guarded", {})
     t = make()
     args = (t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"], t["b"])
     gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=1.0)
     gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=1.0)  # memoised path
     assert len(launches) == 2 and len(g._fast) == 1
+    assert len(g._guarded) == (1 if guard.available() else 0)
     with pytest.raises(TypeError, match="scale: expected a Python float"):
         gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=True)
     with pytest.raises(TypeError, match="use_qk_l2norm: expected a bool"):
@@ -228,8 +230,80 @@ def test_pdl_follows_the_config_and_the_device(monkeypatch, flag, capable, expec
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(g, "_fast", {})
+    monkeypatch.setattr(g, "_guarded", {})
     monkeypatch.setattr(cfg, "_current", dataclasses.replace(cfg.get_config(), pdl=flag))
     t = make()
     gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"],
                                                 t["b"])
     assert binds == [expected]
+
+
+def _fake_dispatch(monkeypatch, launches):
+    """Validation on CPU tensors; a launch records its pointers instead of running."""
+    from gdnjit import gdn as g, kernels, validate
+
+    class FakeLauncher:
+        def bind(self, grid, values, pdl=False):
+            return lambda ptrs: launches.append(ptrs)
+
+    monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
+    monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (FakeLauncher(), 1))
+    monkeypatch.setattr(kernels, "supports_pdl", lambda dev: False)
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(g, "_fast", {})
+    monkeypatch.setattr(g, "_guarded", {})
+
+
+@pytest.mark.skipif(not guard.available(), reason="torch's TensorGuards is unavailable here")
+def test_guard_tier_serves_repeat_calls_with_fresh_pointers(monkeypatch):
+    """A repeat call with new tensors of the same metadata is served by the C++ guard (the Python
+    signature is not read) and launches with the new tensors' pointers."""
+    launches = []
+    _fake_dispatch(monkeypatch, launches)
+    t = make()
+    args = (t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"], t["b"])
+    gdnjit.gated_delta_rule_decode_pretranspose(*args)
+    gdnjit.gated_delta_rule_decode_pretranspose(*args)  # signature path, installs the guard
+
+    def no_signature(*a, **kw):
+        raise AssertionError("the guard should have served this call")
+
+    monkeypatch.setattr(gdn, "_signature_hit", no_signature)
+    t2 = make()
+    out, _ = gdnjit.gated_delta_rule_decode_pretranspose(t2["q"], t2["k"], t2["v"], t2["state"], t2["A_log"], t2["a"],
+                                                         t2["dt_bias"], t2["b"])
+    assert launches[-1][0] == t2["q"].data_ptr() and launches[-1][7] == t2["state"].data_ptr()
+    assert launches[-1][10] == out.data_ptr() and len(launches) == 3
+
+
+@pytest.mark.parametrize("slot, bad, match", [
+    ("q", lambda x: torch.randn(x.shape[::-1], dtype=x.dtype).permute(3, 2, 1, 0), "q: "),  # same shape, strided
+    ("k", lambda x: x.half(), "k: expected the dtype of q"),
+    ("v", lambda x: torch.randn(x.shape[:3] + (64,), dtype=x.dtype), "state: expected shape"),  # V from v
+    ("a", lambda x: x.float(), "a: expected the dtype of q"),
+    ("b", lambda x: torch.randn(x.shape[0], x.shape[1], x.shape[2] * 2, dtype=x.dtype)[..., ::2], None),
+    ("A_log", lambda x: x.double(), "A_log: "),
+    ("dt_bias", lambda x: torch.randn(2 * x.shape[0])[::2], "dt_bias: expected a contiguous tensor"),
+    ("state", lambda x: x.bfloat16(), None),
+    ("state", lambda x: torch.randn(x.shape[0], x.shape[1], x.shape[3], x.shape[2]).transpose(2, 3),
+     "state: each slot's"),
+])
+def test_guard_tier_never_skips_a_check(monkeypatch, slot, bad, match):
+    """After the guard (and the signature memo) hold a validated call, a tensor with other metadata in
+    any slot is validated again: refused if invalid, launched (as a new signature) if valid."""
+    launches = []
+    _fake_dispatch(monkeypatch, launches)
+    t = make()
+    names = ("q", "k", "v", "state", "A_log", "a", "dt_bias", "b")
+    for _ in range(3):
+        gdnjit.gated_delta_rule_decode_pretranspose(*(t[n] for n in names))
+    t[slot] = bad(t[slot])
+    calls = len(gdn._fast)
+    if match is None:  # still valid: goes through the full path, a second signature
+        gdnjit.gated_delta_rule_decode_pretranspose(*(t[n] for n in names))
+        assert len(gdn._fast) == calls + 1 and len(launches) == 4
+    else:
+        with pytest.raises((TypeError, ValueError), match=match):
+            gdnjit.gated_delta_rule_decode_pretranspose(*(t[n] for n in names))
+        assert len(launches) == 3
