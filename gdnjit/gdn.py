@@ -96,9 +96,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         hit = None
         guards = _guarded.get(gkey)
         if guards is not None:
-            slots = (q, k, v, A_log, a, dt_bias, b, pool, _ABSENT[0] if read_idx is None else read_idx,
-                     _ABSENT[1] if write_idx is None else write_idx, _ABSENT[2] if output is None else output,
-                     _ABSENT[3] if inter is None else inter, _ABSENT[4] if ssm is None else ssm)
+            slots = _slots(q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm)
             for guard, entry in guards:
                 if guard.check(*slots):
                     hit = entry
@@ -144,11 +142,16 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
     return output
 
 
+def _slots(q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm):
+    """The 13 tensors a guard checks, absent optional ones replaced by their stand-ins."""
+    return (q, k, v, A_log, a, dt_bias, b, pool, _ABSENT[0] if read_idx is None else read_idx,
+            _ABSENT[1] if write_idx is None else write_idx, _ABSENT[2] if output is None else output,
+            _ABSENT[3] if inter is None else inter, _ABSENT[4] if ssm is None else ssm)
+
+
 def _remember_guard(gkey, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm, entry):
     """Put a guard of these tensors' metadata first in ``gkey``'s list (at most _GUARDS_PER_KEY)."""
-    slots = (q, k, v, A_log, a, dt_bias, b, pool, _ABSENT[0] if read_idx is None else read_idx,
-             _ABSENT[1] if write_idx is None else write_idx, _ABSENT[2] if output is None else output,
-             _ABSENT[3] if inter is None else inter, _ABSENT[4] if ssm is None else ssm)
+    slots = _slots(q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm)
     try:
         g = _guard.make(slots)
     except Exception:  # e.g. one object in two slots: the signature path serves this call
