@@ -178,24 +178,33 @@ def test_public_api_errors_on_cpu_tensors():
 
 
 
-def test_fast_path_does_not_skip_type_checks(monkeypatch):
-    """After a call with scale=1.0 (and use_qk_l2norm=True) is validated and memoised, a call with
-    scale=True or use_qk_l2norm=1 (equal values as dict keys) must still be refused."""
-    from gdnjit import gdn as g, guard, kernels, validate
+def _fake_dispatch(monkeypatch, launches, binds=None, pdl_capable=False):
+    """Validation on CPU tensors; a launch records its pointers in ``launches`` instead of running (and
+    each bind its PDL choice in ``binds``); empty memos."""
+    from gdnjit import gdn as g, kernels, validate
 
-    launches = []
-    monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
-
-    class FakeLauncher:  # bind() -> a launch that records the call
+    class FakeLauncher:
         def bind(self, grid, values, pdl=False):
-            return lambda ptrs: launches.append(grid)
+            if binds is not None:
+                binds.append(pdl)
+            return lambda ptrs: launches.append(ptrs)
 
+    monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
     monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (FakeLauncher(), 1))
-    monkeypatch.setattr(kernels, "supports_pdl", lambda dev: False)
+    monkeypatch.setattr(kernels, "supports_pdl", lambda dev: pdl_capable)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # CPU torch lacks it
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(g, "_fast", {})
     monkeypatch.setattr(g, "_guarded", {})
+
+
+def test_fast_path_does_not_skip_type_checks(monkeypatch):
+    """After a call with scale=1.0 (and use_qk_l2norm=True) is validated and memoised, a call with
+    scale=True or use_qk_l2norm=1 (equal values as dict keys) must still be refused."""
+    from gdnjit import gdn as g
+
+    launches = []
+    _fake_dispatch(monkeypatch, launches)
     t = make()
     args = (t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"], t["b"])
     gdnjit.gated_delta_rule_decode_pretranspose(*args, scale=1.0)
@@ -215,44 +224,15 @@ def test_pdl_follows_the_config_and_the_device(monkeypatch, flag, capable, expec
     """GDNJIT_PDL (default on) launches with PDL where the device has griddepcontrol (sm_90+), else plainly."""
     import dataclasses
 
-    from gdnjit import config as cfg, gdn as g, kernels, validate
+    from gdnjit import config as cfg
 
     binds = []
-
-    class FakeLauncher:
-        def bind(self, grid, values, pdl=False):
-            binds.append(pdl)
-            return lambda ptrs: None
-
-    monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
-    monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (FakeLauncher(), 1))
-    monkeypatch.setattr(kernels, "supports_pdl", lambda dev: capable)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(g, "_fast", {})
-    monkeypatch.setattr(g, "_guarded", {})
+    _fake_dispatch(monkeypatch, [], binds=binds, pdl_capable=capable)
     monkeypatch.setattr(cfg, "_current", dataclasses.replace(cfg.get_config(), pdl=flag))
     t = make()
     gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"],
                                                 t["b"])
     assert binds == [expected]
-
-
-def _fake_dispatch(monkeypatch, launches):
-    """Validation on CPU tensors; a launch records its pointers instead of running."""
-    from gdnjit import gdn as g, kernels, validate
-
-    class FakeLauncher:
-        def bind(self, grid, values, pdl=False):
-            return lambda ptrs: launches.append(ptrs)
-
-    monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
-    monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (FakeLauncher(), 1))
-    monkeypatch.setattr(kernels, "supports_pdl", lambda dev: False)
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(g, "_fast", {})
-    monkeypatch.setattr(g, "_guarded", {})
 
 
 @pytest.mark.skipif(not guard.available(), reason="torch's TensorGuards is unavailable here")
