@@ -554,6 +554,23 @@ def test_expr_basics():
         gexpr.compile_expr("   ")
 
 
+
+def test_expr_memo_keys_on_the_free_names_values_and_types():
+    # the memo reuses a result only for equal values of equal types of the names the text reads
+    assert gexpr.evaluate("x / 2", {"x": 3, "unrelated": 1}) == 1.5
+    assert gexpr.evaluate("x / 2", {"x": 5, "unrelated": 1}) == 2.5
+    assert gexpr.evaluate("x ~ ''", {"x": 1}) == "1"
+    assert gexpr.evaluate("x ~ ''", {"x": 1.0}) == "1.0"  # 1 == 1.0 and hash alike
+    assert gexpr.evaluate("x ~ ''", {"x": True}) == "True"
+    assert gexpr.evaluate("len(x)", {"x": [1, 2, 3]}) == 3  # unhashable: evaluated without the memo
+    assert gexpr.evaluate("len(x)", {"x": [1]}) == 1
+    gexpr.evaluate("y + 1", {"y": 1})
+    with pytest.raises(gexpr.ExprError, match="undefined"):  # a missing name is not served from the memo
+        gexpr.evaluate("y + 1", {})
+    for _ in range(2):  # errors are raised every time, never memoised
+        with pytest.raises(gexpr.ExprError, match="ZeroDivisionError"):
+            gexpr.evaluate("1 // y", {"y": 0})
+
 @pytest.mark.parametrize(
     "text,context",
     [
