@@ -6,6 +6,7 @@ expression uses but the context lacks raises instead of silently becoming empty.
 
 from __future__ import annotations
 
+import copy
 import functools
 from typing import Any, Callable, Mapping
 
@@ -52,11 +53,13 @@ def evaluate(text: str, context: Mapping[str, Any]) -> Any:
     # keyed with the types: 1, 1.0 and True hash alike but may evaluate differently
     values = tuple((type(v), v) for v in (context.get(n, _MISSING) for n in names))
     try:
-        return _evaluate_memo(text, names, values)
+        result = _evaluate_memo(text, names, values)
     except TypeError as e:  # an unhashable value: the memo cannot key it
         if "unhashable" not in str(e):
             raise
-    return _evaluate(text, context)
+        return _evaluate(text, context)
+    # the memo's copy of a mutable result must not be shared with (and changed by) a caller
+    return copy.deepcopy(result) if isinstance(result, (list, dict, set)) else result
 
 
 @functools.lru_cache(maxsize=4096)

@@ -564,6 +564,9 @@ def test_expr_memo_keys_on_the_free_names_values_and_types():
     assert gexpr.evaluate("x ~ ''", {"x": True}) == "True"
     assert gexpr.evaluate("len(x)", {"x": [1, 2, 3]}) == 3  # unhashable: evaluated without the memo
     assert gexpr.evaluate("len(x)", {"x": [1]}) == 1
+    first = gexpr.evaluate("[x, x]", {"x": 2})
+    first.append(3)  # a caller changing a list result does not change the next call's
+    assert gexpr.evaluate("[x, x]", {"x": 2}) == [2, 2]
     gexpr.evaluate("y + 1", {"y": 1})
     with pytest.raises(gexpr.ExprError, match="undefined"):  # a missing name is not served from the memo
         gexpr.evaluate("y + 1", {})
