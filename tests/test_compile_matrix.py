@@ -92,7 +92,8 @@ def kind_variants() -> list[Variant]:
     """The tuner may pick any valid candidate, also of the kinds the rules never choose: for each
     multi-token kind (chunk, mma, pipelined) the first and last valid candidate over T in {2, 8, 16}
     x state dtype x (plain, verify buffer, per-token ssm writes) x K in {64, 256}."""
-    kinds = ({"form": "chunk"}, {"form": "mma"}, {"form": "recurrent", "pipe": 2}, {"form": "recurrent", "pipe": 8})
+    kinds = ({"form": "chunk"}, {"form": "mma", "pipe": 1}, {"form": "mma", "pipe": 4}, {"form": "recurrent", "pipe": 2},
+             {"form": "recurrent", "pipe": 8})
     base = {n: v[0] for n, v in SPEC.params}
     out = []
     for T, sd, (inter, ssm, upd), K in itertools.product(

@@ -1,7 +1,7 @@
 """One representative case of every GDN kernel variant family, for compute-sanitizer.
 
     compute-sanitizer --tool memcheck  python3 tools/sanitize_gdn.py
-    compute-sanitizer --tool racecheck python3 tools/sanitize_gdn.py --staged-only [--forms]
+    compute-sanitizer --tool racecheck python3 tools/sanitize_gdn.py --staged-only [--forms [--kinds mma_pipe2 ...]]
 
 Families: layout x state dtype x staged (T > 1) or not x pool mode (direct, pool with padding rows,
 split with negative writes, page-strided, intermediate buffer + verify, per-token ssm writes).
@@ -44,7 +44,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--staged-only", action="store_true", help="only the variants that use shared memory")
     ap.add_argument("--forms", action="store_true",
-                    help="also run every multi-token case with each forced kernel kind (chunk, mma, pipelined)")
+                    help="also run every multi-token case with each forced kernel kind (--kinds)")
+    ap.add_argument("--kinds", nargs="+", default=["chunk", "mma", "pipe2", "mma_pipe2"], choices=list(OVERRIDES),
+                    help="the forced kinds of --forms (default: chunk, mma, pipe2, mma_pipe2)")
     args = ap.parse_args()
     todo = cases(args.staged_only)
     for i, c in enumerate(todo):
@@ -53,7 +55,7 @@ def main() -> int:
     if args.forms:
         from gdnjit.spec import get_spec
 
-        for kind in ("chunk", "mma", "pipe2"):
+        for kind in args.kinds:
             for i, c in enumerate(todo):
                 if c.T > 1 and forced_tunables(get_spec("gdn"), case_params(c), {}, OVERRIDES[kind]) is not None:
                     with forcing(OVERRIDES[kind]):

@@ -181,7 +181,8 @@ def run_case(c: Case, seed: int) -> dict:
 DT_IDX = {"int32": torch.int32, "int64": torch.int64}
 
 # Multi-token kernel kinds the tuner can choose, by the tunables that define them.
-OVERRIDES = {"recurrent": {"form": "recurrent", "pipe": 1}, "chunk": {"form": "chunk"}, "mma": {"form": "mma"},
+OVERRIDES = {"recurrent": {"form": "recurrent", "pipe": 1}, "chunk": {"form": "chunk"}, "mma": {"form": "mma", "pipe": 1},
+             "mma_pipe2": {"form": "mma", "pipe": 2}, "mma_pipe4": {"form": "mma", "pipe": 4},
              "pipe2": {"form": "recurrent", "pipe": 2}, "pipe4": {"form": "recurrent", "pipe": 4},
              "pipe8": {"form": "recurrent", "pipe": 8},  # the T = 3..6 rule's kind
              "lanes4x2": {"form": "recurrent", "pipe": 1, "lanes_per_row": 4, "ilp": 2}}  # the T >= 7 rule's
