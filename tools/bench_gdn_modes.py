@@ -7,7 +7,10 @@ K-major direct state), ``verify`` / ``verify_bf16`` (intermediate states cached,
 Floor bytes = state read + state write (unless verify) + intermediate writes + q/k/v/o/a/b, over the
 copy bandwidth measured in the same run. CUDA-graph replay medians, rotating input sets so the
 working set is >= 3x L2 (tools/bench_common, gdnjit.tune's input builder). The dispatcher's choice
-is timed (a tuned table in the cache dir applies).
+is timed (a tuned table in the cache dir applies). ``--placements N`` times every point on N fresh
+allocations, each made behind a spacer allocation of a different size so the buffers land elsewhere, and
+reports the median (and the range): at B = 32 one kernel read 7-10% apart depending on where its buffers
+landed (docs/perf.md v12).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 
 import torch
@@ -56,6 +60,8 @@ def main() -> int:
     ap.add_argument("--hv", type=int, nargs="+", default=[64])
     ap.add_argument("--h", type=int, default=16)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--placements", type=int, default=1,
+                    help="fresh allocations per point (median reported); default 1")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         print("bench_gdn_modes: needs a CUDA GPU", file=sys.stderr)
@@ -69,7 +75,9 @@ def main() -> int:
     l2 = bc.l2_bytes(dev)
     rows = []
     print(f"{torch.cuda.get_device_name(dev)}, copy bandwidth {bw / 1e12:.2f} TB/s")
-    print(f"{'mode':12s} {'HV':>3s} {'B':>4s} {'T':>2s} {'floor us':>9s} {'us':>9s} {'frac':>5s}")
+    spread = args.placements > 1
+    print(f"{'mode':12s} {'HV':>3s} {'B':>4s} {'T':>2s} {'floor us':>9s} {'us':>9s} {'frac':>5s}"
+          + (f" {'min us':>9s} {'max us':>9s}" if spread else ""))
     for mode in args.modes:
         for HV in args.hv:
             for T in args.t:
@@ -79,27 +87,36 @@ def main() -> int:
                     continue
                 for B in args.b:
                     p = params_for(mode, T)
-                    sets = _gdn_calls(p, B, args.h, HV, dev,
-                                      lambda nbytes: max(2, min(64, -(-3 * l2 // max(nbytes, 1)), (20 << 30) // nbytes)))
+                    times = []
+                    for placement in range(args.placements):
+                        # a spacer of another size each time: the sets land on other memory
+                        spacer = torch.empty(placement * (192 << 20), dtype=torch.uint8, device=dev)
+                        sets = _gdn_calls(p, B, args.h, HV, dev,
+                                          lambda nbytes: max(2, min(64, -(-3 * l2 // max(nbytes, 1)), (20 << 30) // nbytes)))
 
-                    def call(i, sets=sets, p=p):
-                        q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out = sets[i][1]
-                        if p["layout"] == "kmajor":
-                            gdnjit.gated_delta_rule_decode(q, k, v, pool, A_log, a, dt_bias, b, output=out)
-                        elif not p["pool"]:
-                            gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, pool, A_log, a, dt_bias, b, output=out)
-                        else:
-                            gdnjit.gated_delta_rule_mtp(q, k, v, pool, read, A_log, a, dt_bias, b, output=out,
-                                                        intermediate_states_buffer=inter,
-                                                        disable_state_update=not p["update"])
+                        def call(i, sets=sets, p=p):
+                            q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out = sets[i][1]
+                            if p["layout"] == "kmajor":
+                                gdnjit.gated_delta_rule_decode(q, k, v, pool, A_log, a, dt_bias, b, output=out)
+                            elif not p["pool"]:
+                                gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, pool, A_log, a, dt_bias, b,
+                                                                            output=out)
+                            else:
+                                gdnjit.gated_delta_rule_mtp(q, k, v, pool, read, A_log, a, dt_bias, b, output=out,
+                                                            intermediate_states_buffer=inter,
+                                                            disable_state_update=not p["update"])
 
-                    us = time_graph_us(call, len(sets), calls=10, replays=20)
+                        times.append(time_graph_us(call, len(sets), calls=10, replays=20))
+                        del sets, call, spacer
+                        torch.cuda.empty_cache()
+                    us = statistics.median(times)
                     fl = floor_bytes(p, B, args.h, HV) / bw * 1e6
-                    rows.append(dict(mode=mode, HV=HV, B=B, T=T, floor_us=round(fl, 2), us=round(us, 2),
-                                     frac=round(fl / us, 3)))
-                    print(f"{mode:12s} {HV:3d} {B:4d} {T:2d} {fl:9.1f} {us:9.1f} {fl / us:5.2f}", flush=True)
-                    del sets
-                    torch.cuda.empty_cache()
+                    row = dict(mode=mode, HV=HV, B=B, T=T, floor_us=round(fl, 2), us=round(us, 2), frac=round(fl / us, 3))
+                    if spread:
+                        row.update(min_us=round(min(times), 2), max_us=round(max(times), 2))
+                    rows.append(row)
+                    print(f"{mode:12s} {HV:3d} {B:4d} {T:2d} {fl:9.1f} {us:9.1f} {fl / us:5.2f}"
+                          + (f" {min(times):9.1f} {max(times):9.1f}" if spread else ""), flush=True)
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "modes.json"), "w") as f:
