@@ -23,6 +23,8 @@ import sys
 
 import torch
 
+import gdnjit
+
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_common as bc  # noqa: E402
 
@@ -52,6 +54,18 @@ def floor_bytes(p: dict, B: int, H: int, HV: int) -> int:
     return state * (2 if p["update"] else 1) + inter + io
 
 
+def call_op(p: dict, tensors) -> None:
+    """One public-API call of mode params ``p`` on an input set built by gdnjit.tune's builder."""
+    q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out = tensors
+    if p["layout"] == "kmajor":
+        gdnjit.gated_delta_rule_decode(q, k, v, pool, A_log, a, dt_bias, b, output=out)
+    elif not p["pool"]:
+        gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, pool, A_log, a, dt_bias, b, output=out)
+    else:
+        gdnjit.gated_delta_rule_mtp(q, k, v, pool, read, A_log, a, dt_bias, b, output=out,
+                                    intermediate_states_buffer=inter, disable_state_update=not p["update"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--modes", nargs="+", default=list(MODES), choices=list(MODES))
@@ -66,7 +80,6 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_gdn_modes: needs a CUDA GPU", file=sys.stderr)
         return 2
-    import gdnjit
     from gdnjit.timing import time_graph_us
     from gdnjit.tune import _gdn_calls
 
@@ -94,20 +107,9 @@ def main() -> int:
                         sets = _gdn_calls(p, B, args.h, HV, dev,
                                           lambda nbytes: max(2, min(64, -(-3 * l2 // max(nbytes, 1)), (20 << 30) // nbytes)))
 
-                        def call(i, sets=sets, p=p):
-                            q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out = sets[i][1]
-                            if p["layout"] == "kmajor":
-                                gdnjit.gated_delta_rule_decode(q, k, v, pool, A_log, a, dt_bias, b, output=out)
-                            elif not p["pool"]:
-                                gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, pool, A_log, a, dt_bias, b,
-                                                                            output=out)
-                            else:
-                                gdnjit.gated_delta_rule_mtp(q, k, v, pool, read, A_log, a, dt_bias, b, output=out,
-                                                            intermediate_states_buffer=inter,
-                                                            disable_state_update=not p["update"])
-
-                        times.append(time_graph_us(call, len(sets), calls=10, replays=20))
-                        del sets, call, spacer
+                        times.append(time_graph_us(lambda i, sets=sets, p=p: call_op(p, sets[i][1]), len(sets),
+                                                   calls=10, replays=20))
+                        del sets, spacer
                         torch.cuda.empty_cache()
                     us = statistics.median(times)
                     fl = floor_bytes(p, B, args.h, HV) / bw * 1e6
