@@ -297,6 +297,24 @@ def parse_spec(doc: Any, file: str) -> Spec:
     return spec
 
 
+def _satisfied_by_tunables(spec: Spec, c: Constraint, rules) -> bool:
+    """Whether ``c`` holds for every rule of ``rules`` from the rule's tunables alone (params undefined:
+    an expression that reads one is not decided here)."""
+    for r in rules:
+        ctx = dict(r.use)
+        for n, e in spec.derived:  # the derived values the tunables alone decide
+            try:
+                ctx[n] = _expr.evaluate(e, ctx)
+            except _expr.ExprError:
+                pass
+        try:
+            if not _expr.evaluate(c.expr, ctx):
+                return False
+        except _expr.ExprError:
+            return False
+    return True
+
+
 def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
     """Every combination of the params the constraints read must have a valid rule without ``when``,
     so dispatch can never come up empty."""
@@ -305,9 +323,11 @@ def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
         raise _err(spec.file, "rules", "needs at least one rule without `when` (the fallback)", rules_doc)
     # Only params the constraints read, directly or through derived values, change validity; a
     # derived value no constraint reads (e.g. a launch-bounds hint) would only multiply the combinations.
+    # A constraint that the fallbacks' tunables alone satisfy (e.g. "form != 'tc' or ...": the `or`
+    # never reads the params) changes nothing either, so its params are not enumerated.
     derived = dict(spec.derived)
     used: set[str] = set()
-    todo = [n for c in spec.constraints for n in _expr.names_in(c.expr)]
+    todo = [n for c in spec.constraints if not _satisfied_by_tunables(spec, c, fallbacks) for n in _expr.names_in(c.expr)]
     while todo:
         n = todo.pop()
         if n not in used:
