@@ -16,7 +16,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "ops"))
 
-from gdn_cases import OVERRIDES, Case, case_params, check, forced_tunables, forcing, run_case  # noqa: E402
+from gdn_cases import OVERRIDES, TC_OVERRIDE, Case, case_params, check, forced_tunables, forcing, run_case  # noqa: E402
 
 
 def cases(staged_only: bool) -> list[Case]:
@@ -45,7 +45,7 @@ def main() -> int:
     ap.add_argument("--staged-only", action="store_true", help="only the variants that use shared memory")
     ap.add_argument("--forms", action="store_true",
                     help="also run every multi-token case with each forced kernel kind (--kinds)")
-    ap.add_argument("--kinds", nargs="+", default=["chunk", "mma", "pipe2", "mma_pipe2"], choices=list(OVERRIDES),
+    ap.add_argument("--kinds", nargs="+", default=["chunk", "mma", "pipe2", "mma_pipe2"], choices=[*OVERRIDES, "tc"],
                     help="the forced kinds of --forms (default: chunk, mma, pipe2, mma_pipe2)")
     args = ap.parse_args()
     todo = cases(args.staged_only)
@@ -55,10 +55,11 @@ def main() -> int:
     if args.forms:
         from gdnjit.spec import get_spec
 
+        kinds = dict(OVERRIDES, tc=TC_OVERRIDE)
         for kind in args.kinds:
             for i, c in enumerate(todo):
-                if c.T > 1 and forced_tunables(get_spec("gdn"), case_params(c), {}, OVERRIDES[kind]) is not None:
-                    with forcing(OVERRIDES[kind]):
+                if c.T > 1 and forced_tunables(get_spec("gdn"), case_params(c), {}, kinds[kind]) is not None:
+                    with forcing(kinds[kind]):
                         check(c, run_case(c, seed=200 + i))
                     n += 1
     print(f"sanitize_gdn: {n} cases ran and matched the reference")
