@@ -186,7 +186,7 @@ OVERRIDES = {"recurrent": {"form": "recurrent", "pipe": 1}, "chunk": {"form": "c
              "pipe2": {"form": "recurrent", "pipe": 2}, "pipe4": {"form": "recurrent", "pipe": 4},
              "pipe8": {"form": "recurrent", "pipe": 8},  # the T = 3..6 rule's kind
              "lanes4x2": {"form": "recurrent", "pipe": 1, "lanes_per_row": 4, "ilp": 2}}  # the T >= 7 rule's
-# the tc form (bf16 state and q/k, K = 128, T 3..8): its own test grid (test_tc_form_forced); here for the sanitizer
+# the tc form (bf16 q/k, bf16 / fp32 state, K = 128, T 3..8): its own test grid (test_tc_form_forced); here for the sanitizer
 TC_OVERRIDE = {"form": "tc"}
 # K split across warps: every k_warps value the spec allows above 1
 KW_OVERRIDES = {f"kwarps{w}": {"form": "recurrent", "pipe": 1, "k_warps": w} for w in (2, 4, 8)}

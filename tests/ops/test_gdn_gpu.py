@@ -252,14 +252,14 @@ def test_form_forced(case, kind):
         check(case, run_case(case, seed=random.Random(f"{kind}{case}").randrange(1 << 30)))
 
 
-# ---- the tc form (bf16 state and q/k, K = 128, T 3..8), forced over its whole domain -------------
+# ---- the tc form (bf16 q/k, bf16 / fp32 state, K = 128, T 3..8), forced over its whole domain ----
 def _tc_cases() -> list[Case]:
     """Every value of every axis the tc form takes, crossed with T 3..8 (random pairing, fixed seed)."""
     rnd = random.Random(99)
     axes = {"T": [3, 4, 5, 6, 7, 8], "pool": ["direct", "pool", "gaps", "split", "strided"], "neg_write": [False, True],
             "update": [True, False], "l2norm": [True, False], "out_dtype": [None, "bf16", "fp16", "fp32"],
             "dtb_dtype": ["fp32", "bf16", "fp16"], "idx_dtype": ["int32", "int64"], "B": [1, 3, 37, 130],
-            "ratio": [1, 2, 3, 4], "V": [64, 128, 256], "scale": [None, 0.3]}
+            "ratio": [1, 2, 3, 4], "V": [64, 128, 256], "scale": [None, 0.3], "state_dtype": ["bf16", "fp32"]}
     cases = []
     for axis, values in axes.items():
         for val in values:
@@ -270,12 +270,11 @@ def _tc_cases() -> list[Case]:
                 if not ch["update"] and pool == "split":
                     pool = "gaps"
                 cases.append(Case(B=ch["B"], T=ch["T"], H=2 if ch["ratio"] < 3 else 1, ratio=ch["ratio"], V=ch["V"],
-                                  out_dtype=ch["out_dtype"], state_dtype="bf16", dtb_dtype=ch["dtb_dtype"], pool=pool,
+                                  out_dtype=ch["out_dtype"], state_dtype=ch["state_dtype"], dtb_dtype=ch["dtb_dtype"], pool=pool,
                                   idx_dtype=ch["idx_dtype"], neg_write=ch["neg_write"] and pool == "split",
                                   update=ch["update"] if pool != "direct" else True, l2norm=ch["l2norm"],
                                   scale=ch["scale"], api="mtp" if pool != "direct" and rnd.random() < 0.5 else "auto"))
-    cases += [dataclasses.replace(c, T=T) for c in EXTREME_GATES if c.layout == "klast" and c.state_dtype == "bf16"
-              for T in (3, 8)]
+    cases += [dataclasses.replace(c, T=T) for c in EXTREME_GATES if c.layout == "klast" for T in (3, 8)]
     return list(dict.fromkeys(cases))
 
 
@@ -284,8 +283,9 @@ TC_CASES = _tc_cases()
 
 @pytest.mark.parametrize("case", TC_CASES, ids=[f"tc-T{c.T}-{i}" for i, c in enumerate(TC_CASES)])
 def test_tc_form_forced(case):
-    """The tc form on every option it takes (pools, split / strided pools, negative indices, verify
-    without a buffer, norms off, every output and dt_bias dtype, V 64..256, GVA, scale), extreme gates."""
+    """The tc form on every option it takes (both state dtypes, pools, split / strided pools, negative
+    indices, verify without a buffer, norms off, every output and dt_bias dtype, V 64..256, GVA, scale),
+    extreme gates."""
     from gdnjit.spec import get_spec
 
     assert forced_tunables(get_spec("gdn"), case_params(case), {}, TC_OVERRIDE) is not None
