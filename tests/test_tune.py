@@ -21,7 +21,7 @@ def test_all_valid_choices_without_where():
     got = candidate_tunables(SPEC, PARAMS, None, [])
     valid = [t for t in SPEC.all_tunable_choices() if not SPEC.violations(PARAMS, t)]
     assert got == valid and len(got) > 100
-    assert {t["form"] for t in got} == {"recurrent", "chunk", "mma"} and {t["pipe"] for t in got} == {1, 2, 4, 8}
+    assert {t["form"] for t in got} == {"recurrent", "chunk", "mma", "tc"} and {t["pipe"] for t in got} == {1, 2, 4, 8}
 
 
 def test_where_narrows_and_rules_choice_is_kept():
