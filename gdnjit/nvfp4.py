@@ -41,7 +41,7 @@ _LAYOUT_PARAM = {SfLayout.layout_128x4: "128x4", SfLayout.layout_8x4: "8x4", SfL
 _MIN_ARCH = 89       # cvt.rn.satfinite.e4m3x2.f32 / cvt.rn.f16x2.e4m3x2 (Ada, Hopper and newer)
 _HW_E2M1_ARCH = 100  # cvt.rn.satfinite.e2m1x2.f32 (sm_100a / sm_103a / sm_110a / sm_120a / sm_121a)
 _PDL_ARCH = 90  # griddepcontrol.wait / launch_dependents (sm_90+)
-_MAX_THREADS = 2**32  # the kernel's 32-bit thread index
+_MAX_SF_BYTES = 2**32 - 2**12  # the kernel's 32-bit scale-byte offsets, with room for the last CTA's threads
 _F32 = struct.Struct("f")
 
 
@@ -149,8 +149,9 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
 
     n_blocks = K // SF_VEC_SIZE
     sf_rows, sf_cols = padded_sf_shape(M, n_blocks, layout)
-    if sf_rows * n_blocks + 256 > _MAX_THREADS:
-        raise ValueError(f"a: {M} rows of K={K} are too many for one call (at most 2^32 16-element blocks); split it")
+    if sf_rows * sf_cols > _MAX_SF_BYTES:
+        raise ValueError(f"a: {M} rows of K={K} are too many for one call (at most 2^32 - 2^12 16-element blocks, "
+                         f"padding included); split it")
     fp4 = torch.empty((M, K // 2), dtype=torch.uint8, device=device)
     sf = torch.empty((sf_rows, sf_cols), dtype=torch.uint8, device=device)
     if M == 0:

@@ -87,43 +87,56 @@ def test_rules_pick_valid_variants_and_grid_covers_the_padded_rows():
                         row_pad = values["row_pad"]
                         sf_rows = -(-M // row_pad) * row_pad
                         threads = _expr.evaluate(launch["block"], ctx)
-                        assert grid * threads >= sf_rows * (K // 16) // tun["blocks_per_thread"]
-                        assert (grid - 1) * threads < sf_rows * (K // 16) // tun["blocks_per_thread"]
+                        items = sf_rows * values["sf_cols"] // tun["blocks_per_thread"]  # scale-byte groups
+                        assert grid * threads >= items
+                        assert (grid - 1) * threads < items
+
+
+def _sf_coords(o: np.ndarray, layout: str, n: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
+    """The template's sf_coords(): (row, block column) of scale-byte offset o, transliterated."""
+    if layout == "128x4":
+        tile = o >> 9
+        return (tile // (cols // 4)) * 128 + ((o >> 2) & 3) * 32 + ((o >> 4) & 31), (tile % (cols // 4)) * 4 + (o & 3)
+    if layout == "8x4":
+        tile = o >> 5
+        return (tile // (cols // 4)) * 8 + ((o >> 2) & 7), (tile % (cols // 4)) * 4 + (o & 3)
+    return o // n, o % n
 
 
 @pytest.mark.parametrize("layout", ["128x4", "8x4", "linear"])
 def test_thread_mapping_writes_every_scale_byte_once(layout):
-    """The template's thread -> (row, block columns) mapping, transliterated: threads of rows < M write their
-    BPT scale bytes, threads of padding rows write zeros there, the last thread of each row also zeroes the
-    padding columns; together that is every byte of the padded buffer exactly once, for every tunable."""
+    """The template's thread -> scale bytes -> blocks mapping, transliterated: thread t owns the BPT bytes
+    at t * BPT of the padded buffer; the (row, column) it encodes for each is where the layout puts that
+    block's scale (sf_layout.sf_offsets), BPT consecutive blocks of one row, all real or all padding; every
+    byte is written exactly once and every block of the [M, K / 16] grid is encoded exactly once."""
     from gdnjit.sf_layout import padded_sf_shape, sf_offsets
 
     launch = dict(SPEC.launch)
-    for K in (16, 48, 64, 112 * 16, 7168):
+    for K in (16, 48, 64, 96, 112 * 16, 7168):
         n = K // 16
         for M in (1, 3, 127, 128, 129, 1000):
             rows, cols = padded_sf_shape(M, n, layout)
             # offsets of every (row < padded rows, column < padded cols): the padded layout extends the formula
             table = sf_offsets(rows, cols, layout).numpy()
-            for bpt in SPEC.allowed("blocks_per_thread"):
-                for threads in SPEC.allowed("threads"):
-                    tun = dict(blocks_per_thread=bpt, threads=threads)
-                    params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False, pdl=False)
-                    if SPEC.violations(params, tun):
-                        continue
-                    values = SPEC.variant_values(params, tun)
-                    assert values["sf_cols"] == cols
-                    grid = _expr.evaluate(launch["grid"], dict(values, M=M, num_sms=132))
-                    t = np.arange(grid * threads)
-                    groups = values["groups"]
-                    r, c0 = t // groups, (t % groups) * bpt
-                    live = r < rows
-                    r, c0 = r[live], c0[live]
-                    written = [table[r, c0 + j] for j in range(bpt)]
-                    last = c0 + bpt == n
-                    written += [table[r[last], c] for c in range(n, cols)]
-                    counts = np.bincount(np.concatenate(written), minlength=rows * cols)
-                    assert counts.shape == (rows * cols,) and (counts == 1).all(), (layout, K, M, tun)
+            for tun in SPEC.all_tunable_choices():
+                bpt, threads = tun["blocks_per_thread"], tun["threads"]
+                params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False, pdl=False)
+                if SPEC.violations(params, tun):
+                    continue
+                values = SPEC.variant_values(params, tun)
+                assert values["sf_cols"] == cols
+                grid = _expr.evaluate(launch["grid"], dict(values, M=M, num_sms=132))
+                o = np.arange(grid * threads, dtype=np.int64) * bpt
+                o = o[o < rows * cols]  # the kernel's exit test
+                r, c0 = _sf_coords(o, layout, n, cols)
+                written = np.concatenate([o + j for j in range(bpt)])
+                assert (np.bincount(written, minlength=rows * cols) == 1).all(), (layout, K, M, tun)
+                for j in range(bpt):  # byte o + j is the scale of block (r, c0 + j)
+                    assert (table[r, c0 + j] == o + j).all(), (layout, K, M, tun)
+                real = (r < M) & (c0 < n)
+                assert ((c0 + bpt <= n) | (c0 >= n)).all()  # never straddles the padding columns
+                encoded = np.concatenate([r[real] * n + c0[real] + j for j in range(bpt)])
+                assert (np.bincount(encoded, minlength=M * n) == 1).all() and encoded.size == M * n
 
 
 def test_small_m_uses_small_ctas():
@@ -199,3 +212,4 @@ def test_software_e2m1_matches_reference_rounding():
     got = _sw_e2m1(v)
     bad = np.nonzero(got != ref)[0]
     assert bad.size == 0, f"mismatch at {v[bad[:10]]}: got {got[bad[:10]]}, want {ref[bad[:10]]}"
+
