@@ -205,7 +205,7 @@ def case_params(c: Case) -> dict:
 def forced_tunables(spec, params: dict, base: dict, override: dict) -> dict | None:
     """``base`` with ``override`` applied (and staging on) when valid, else the first valid candidate
     matching ``override``; None when no variant of that kind takes these params."""
-    want = dict(base, stage=True, **override)
+    want = {**base, "stage": True, **override}  # an override may name stage itself
     if not spec.violations(params, want):
         return want
     return next((c for c in spec.all_tunable_choices()

@@ -14,7 +14,8 @@ import random
 
 import pytest
 
-from gdn_cases import Case, case_params, check, forcing, run_case
+from gdn_cases import Case, case_params, check, forced_tunables, forcing, run_case
+from gdnjit.spec import get_spec
 from gdnjit.tuned import SHIPPED_DIR
 
 pytestmark = pytest.mark.gpu
@@ -56,5 +57,6 @@ def test_shipped_tables_have_entries():
                               for i, (t, p, _, _) in enumerate(ENTRIES)])
 def test_tuned_entry_variant_matches_reference(table, params, tunables, facts):
     case = _case(params, facts)
+    assert forced_tunables(get_spec("gdn"), params, {}, tunables) == tunables  # the dispatcher will run exactly it
     with forcing(tunables):
         check(case, run_case(case, seed=random.Random(json.dumps([params, tunables], sort_keys=True)).randrange(1 << 30)))
