@@ -201,3 +201,13 @@ def test_enable_pdl_resolution():
         prep(x, arch="sm_89", enable_pdl=True)
     with pytest.raises(TypeError, match="enable_pdl"):
         prep(x, enable_pdl=1)
+
+
+def test_too_many_rows_for_32_bit_offsets():
+    """The kernel indexes the padded scale buffer with 32-bit offsets: a call past 2^32 - 2^12 scale bytes is
+    refused before anything is allocated (an expanded row: no memory behind the 2^28 rows)."""
+    K = 256  # 16 blocks -> 16 scale bytes per row in every layout
+    rows = (2**32 - 2**12) // 16 + 1  # one row past the bound (a call at the bound would allocate 32 GB)
+    with pytest.raises(ValueError) as info:
+        prep(torch.zeros(1, K, dtype=torch.bfloat16).expand(rows, K), sfLayout=SfLayout.layout_linear)
+    assert "too many for one call" in str(info.value) and f"{rows} rows of K={K}" in str(info.value)
