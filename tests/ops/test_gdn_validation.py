@@ -287,3 +287,40 @@ def test_guard_tier_never_skips_a_check(monkeypatch, slot, bad, match):
         with pytest.raises((TypeError, ValueError), match=match):
             gdnjit.gated_delta_rule_decode_pretranspose(*(t[n] for n in names))
         assert len(launches) == 3
+
+
+@pytest.mark.parametrize("slot, bad, match", [
+    ("output", lambda x: x.to(torch.int32), "output: expected dtype"),
+    ("output", lambda x: torch.empty(x.shape[::-1], dtype=x.dtype).permute(3, 2, 1, 0), "output: "),  # same shape
+    ("output", lambda x: torch.empty(*x.shape[:3], 2 * x.shape[3], dtype=x.dtype)[..., :x.shape[3]], None),  # valid
+    ("initial_state_indices", lambda x: x.to(torch.int64), None),  # the other index dtype: valid
+    ("initial_state_indices", lambda x: x.float(), "initial_state_indices: expected dtype"),
+    ("initial_state_indices", lambda x: torch.zeros(2 * x.shape[0], dtype=x.dtype)[::2],
+     "initial_state_indices: expected a contiguous tensor"),
+])
+def test_guard_tier_checks_optional_slots(monkeypatch, slot, bad, match):
+    """The guard checks only the optional tensors a call passes (which ones is part of its key): a changed
+    output or index tensor after memoised calls is validated again, like the required slots above."""
+    launches = []
+    _fake_dispatch(monkeypatch, launches)
+    t = make()
+    kw = dict(output=torch.empty(3, 1, 4, 128, dtype=torch.bfloat16), initial_state=torch.randn(7, 4, 128, 128),
+              initial_state_indices=torch.tensor([0, 6, 2], dtype=torch.int32))
+
+    def call():
+        return gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], None, t["A_log"], t["a"],
+                                                           t["dt_bias"], t["b"], **kw)
+
+    for _ in range(3):
+        call()
+    assert len(launches) == 3 and len(gdn._guarded) == (1 if guard.available() else 0)
+    kw[slot] = bad(kw[slot])
+    calls = len(gdn._fast)
+    if match is None:  # still valid: the full path, a second signature, its own pointers
+        call()
+        assert len(gdn._fast) == calls + 1 and len(launches) == 4
+        assert launches[-1][8 if slot == "initial_state_indices" else 10] == kw[slot].data_ptr()
+    else:
+        with pytest.raises((TypeError, ValueError), match=match):
+            call()
+        assert len(launches) == 3
