@@ -48,7 +48,64 @@ def evaluate(text: str, context: Mapping[str, Any]) -> Any:
 
     An expression is a pure function of its free names, so results are memoised on their values
     (``gdnjit warm`` plans thousands of dispatches whose rules mostly read a few params, and a
-    Jinja call costs ~20 us). Unhashable values are evaluated without the memo."""
+    Jinja call costs ~20 us). A chain ``a and b and c`` is evaluated one operand at a time, each
+    memoised on its own names, with the same result (the first falsy operand, else the last): a rule's
+    ``T == 2 and ... and B * HV < 1024`` then costs a memo hit for every B it rejects on T.
+    Unhashable values are evaluated without the memo."""
+    parts = conjuncts(text)
+    if len(parts) == 1:
+        return _evaluate_cached(text, context)
+    for part in parts:
+        result = _evaluate_cached(part, context)
+        if not result:
+            break
+    return result
+
+
+_KEYWORDS = ("and", "or", "if", "else")
+
+
+@functools.lru_cache(maxsize=4096)
+def conjuncts(text: str) -> tuple[str, ...]:
+    """``text`` split at its top-level ``and`` keywords, or ``(text,)`` when a top-level ``or`` /
+    ``if`` / ``else`` (lower precedence) could change the grouping or a piece does not compile alone."""
+    cuts, depth, quote, i = [], 0, None, 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\":
+                i += 1
+            elif c == quote:
+                quote = None
+        elif c in "'\"":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif depth == 0 and (i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_")):
+            word = next((k for k in _KEYWORDS if text.startswith(k, i)), None)
+            end = i + len(word) if word else i
+            if word and (end == len(text) or not (text[end].isalnum() or text[end] == "_")):
+                if word != "and":
+                    return (text,)
+                cuts.append((i, end))
+                i = end
+                continue
+        i += 1
+    if not cuts:
+        return (text,)
+    bounds = [0] + [x for cut in cuts for x in cut] + [len(text)]
+    parts = tuple(text[bounds[j]:bounds[j + 1]].strip() for j in range(0, len(bounds), 2))
+    try:
+        for part in parts:
+            compile_expr(part)
+    except ExprError:
+        return (text,)
+    return parts
+
+
+def _evaluate_cached(text: str, context: Mapping[str, Any]) -> Any:
     names = _sorted_names(text)
     # keyed with the types: 1, 1.0 and True hash alike but may evaluate differently
     values = tuple((type(v), v) for v in (context.get(n, _MISSING) for n in names))

@@ -4,6 +4,7 @@ expressions are sandboxed; ``Spec.violations``; the dispatcher's rule order and 
 from __future__ import annotations
 
 import dataclasses
+import random
 import re
 from pathlib import Path
 
@@ -573,6 +574,59 @@ def test_expr_memo_keys_on_the_free_names_values_and_types():
     for _ in range(2):  # errors are raised every time, never memoised
         with pytest.raises(gexpr.ExprError, match="ZeroDivisionError"):
             gexpr.evaluate("1 // y", {"y": 0})
+
+
+@pytest.mark.parametrize("text, parts", [
+    ("T == 2 and layout == 'klast' and B * HV < 1024", ("T == 2", "layout == 'klast'", "B * HV < 1024")),
+    ("(a and b) and c", ("(a and b)", "c")),
+    ("not a and b", ("not a", "b")),
+    ("'x and y' == s and t", ("'x and y' == s", "t")),
+    ("band and android", ("band", "android")),
+    ("a and b or c", None),          # `or` binds looser: one piece
+    ("x if a and b else y", None),   # so does the conditional expression
+    ("a and", None),                 # a piece that does not compile alone: the whole text reports the error
+])
+def test_expr_splits_top_level_and_chains(text, parts):
+    assert gexpr.conjuncts(text) == (parts or (text,))
+
+
+def test_expr_and_chains_evaluate_like_jinja():
+    """Operand by operand: the first falsy operand's value, else the last one's, and later operands are not
+    evaluated (nor their errors raised) after a falsy one; the same as one Jinja call, over every shipped
+    spec expression too (tests/test_dispatch.py checks the dispatcher's choices)."""
+    assert gexpr.evaluate("a and b and c", {"a": 1, "b": 0, "c": 2}) == 0
+    assert gexpr.evaluate("a and b and c", {"a": 1, "b": 3, "c": 2}) == 2
+    assert gexpr.evaluate("a and b and c", {"a": [], "b": 3, "c": 2}) == []
+    assert gexpr.evaluate("x > 0 and 1 // x > 0", {"x": 0}) is False  # the division is never evaluated
+    with pytest.raises(gexpr.ExprError, match="ZeroDivisionError"):
+        gexpr.evaluate("x >= 0 and 1 // x > 0", {"x": 0})
+    with pytest.raises(gexpr.ExprError, match="undefined"):
+        gexpr.evaluate("x > 0 and y", {"x": 1})
+    spec = get_spec("gdn")
+    rnd = random.Random(5)
+    allowed = {n: spec.allowed(n) for n in spec.param_names}
+    texts = [r.when for r in spec.rules if r.when] + [c.expr for c in spec.constraints]
+    assert any(len(gexpr.conjuncts(t)) > 1 for t in texts)
+    checked = 0
+    for _ in range(300):
+        ctx = {n: rnd.choice(v) for n, v in allowed.items()}
+        ctx.update({n: rnd.choice(spec.allowed(n)) for n, _ in spec.tunables})
+        ctx.update(B=rnd.choice([1, 2, 4, 8, 32, 512]), H=16, HV=rnd.choice([16, 32, 64]), num_sms=132)
+        try:
+            for n, e in spec.derived:
+                ctx[n] = gexpr.evaluate(e, ctx)
+        except gexpr.ExprError:  # an invalid tunable combination (e.g. 0 warps): no variant has it
+            continue
+        for t in texts:
+            try:
+                want = gexpr.compile_expr(t)(**ctx)
+            except ZeroDivisionError:
+                with pytest.raises(gexpr.ExprError, match="ZeroDivisionError"):
+                    gexpr.evaluate(t, ctx)
+            else:
+                assert gexpr.evaluate(t, ctx) == want, t
+            checked += 1
+    assert checked > 1000
 
 @pytest.mark.parametrize(
     "text,context",

@@ -33,6 +33,37 @@ def test_decode_t1_fp32_klast(case):
     check(case, run_case(case, seed=hash(case) & 0xFFFF))
 
 
+# ---- T = 1 with H = 16: the small- and mid-batch rules (B * HV 16..256; docs/perf.md v15b) -------------
+T1_RULES = [
+    Case(B=B, H=16, ratio=r, K=K, V=V, state_dtype=sd, pool=pool, out_dtype="bf16")
+    for B, r in ((1, 1), (1, 4), (2, 4), (4, 2), (4, 4), (3, 3))
+    for sd in ("fp32", "bf16")
+    for pool in ("direct", "gaps")
+    for K, V in ((128, 128), (64, 64), (128, 256))
+]
+
+
+@pytest.mark.parametrize("case", T1_RULES, ids=lambda c: f"B{c.B}-HV{c.HV}-{c.state_dtype}-{c.pool}-K{c.K}V{c.V}")
+def test_decode_t1_batch_rules(case):
+    check(case, run_case(case, seed=hash(case) & 0xFFFF))
+
+
+# ---- T > 1, mid batch (B * HV 128..256, past the small-batch rules): the rules of docs/perf.md v15c ------------
+MID_RULES = [
+    Case(B=B, H=8, ratio=4, T=T, state_dtype=sd, pool=pool, inter_dtype=inter, update=inter is None, out_dtype="bf16")
+    for B in (4, 8)
+    for sd, pool, inter, Ts in (("fp32", "direct", None, (2, 3, 4, 8)), ("bf16", "gaps", None, (2, 3, 4, 5, 8)),
+                                ("fp32", "gaps", "fp32", (2, 3, 4, 8)), ("bf16", "gaps", "bf16", (2, 3, 6)))
+    for T in Ts
+]
+
+
+@pytest.mark.parametrize("case", MID_RULES,
+                         ids=lambda c: f"B{c.B}-T{c.T}-{c.state_dtype}-{c.pool}-{'verify' if c.inter_dtype else 'mtp'}")
+def test_multi_token_mid_batch_rules(case):
+    check(case, run_case(case, seed=hash(case) & 0xFFFF))
+
+
 # ---- issue 3: the sampled matrix -----------------------------------------------------------
 def _matrix(n: int, seed: int = 1234) -> list[Case]:
     """A sampled grid in which every value of every axis appears (first a sweep per axis, then random)."""

@@ -1,0 +1,104 @@
+"""The dispatcher's rules (gdnjit/dispatch.py over the shipped specs): no rule is dead, and the T = 1 batch
+regions pick what docs/perf.md v15 / v15b measured."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from gdnjit import dispatch
+from gdnjit.spec import get_spec
+
+_GDN_BASE = dict(dtb_dtype="fp32", idx_dtype="int32", same_pool=True, l2norm=True, out_dtype="bf16", update=True)
+
+
+def _gdn_grid():
+    """Params x facts over every value a gdn rule's `when` tests (H = 16, 132 SMs)."""
+    for layout, (K, V), T, sd, ind, inter, ssm, pool in itertools.product(
+            ["klast", "kmajor"], [(128, 128), (64, 64), (256, 256), (128, 256)], [1, 2, 3, 4, 6, 7, 8, 12],
+            ["fp32", "bf16"], ["bf16", "fp16"], ["none", "bf16"], ["none", "int32"], [False, True]):
+        params = dict(_GDN_BASE, layout=layout, K=K, V=V, T=T, state_dtype=sd, in_dtype=ind, inter_dtype=inter,
+                      ssm_idx_dtype=ssm, pool=pool)
+        for B, HV in itertools.product([1, 2, 4, 8, 32, 512], [16, 32, 64]):
+            yield params, dict(B=B, H=16, HV=HV, num_sms=132)
+
+
+def _nvfp4_grid():
+    spec = get_spec("nvfp4_quantize")
+    for in_dtype, sf_layout, K, hw, pdl in itertools.product(
+            spec.allowed("in_dtype"), spec.allowed("sf_layout"), [16, 2048, 7168], [False, True], [False, True]):
+        for M in (1, 128, 4096, 16384, 1 << 17):
+            yield dict(in_dtype=in_dtype, sf_layout=sf_layout, K=K, hw_e2m1=hw, pdl=pdl), dict(M=M, num_sms=132)
+
+
+@pytest.mark.parametrize("name, grid", [("gdn", _gdn_grid), ("nvfp4_quantize", _nvfp4_grid)])
+def test_every_conditional_rule_is_chosen_somewhere(name, grid):
+    """A rule whose `when` is covered by an earlier rule never fires; this caught the 3-4 token small-batch
+    rule (`T <= 4`) shadowing the T = 1 small-batch rule (docs/perf.md v15). Fallbacks (no `when`) are exempt."""
+    spec = get_spec(name)
+    chosen = set()
+    for params, facts in grid():
+        _, rule = dispatch.select(spec, params, facts)
+        chosen.add(id(rule))
+    dead = [f"rule {i}: {r.when}" for i, r in enumerate(spec.rules) if r.when is not None and id(r) not in chosen]
+    assert not dead, "rules never chosen on the grid:\n" + "\n".join(dead)
+
+
+def _t1(state_dtype, pool, B, HV, K=128, V=128):
+    params = dict(_GDN_BASE, layout="klast", K=K, V=V, T=1, state_dtype=state_dtype, in_dtype="bf16",
+                  inter_dtype="none", ssm_idx_dtype="none", pool=pool)
+    t, _ = dispatch.select(get_spec("gdn"), params, dict(B=B, H=16, HV=HV, num_sms=132))
+    return (t["lanes_per_row"], t["ilp"], t["tile_v"], t["stage"], t["l2_prefetch"])
+
+
+@pytest.mark.parametrize("state_dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("pool", [False, True])
+def test_t1_small_and_mid_batch_rules(state_dtype, pool):
+    """T = 1, K = V = 128, 132 SMs: the rules of docs/perf.md v15b by B * HV (unstaged at every size)."""
+    small = (8, 2, 32, False, True)
+    mid = (16, 4, 64, False, True) if state_dtype == "fp32" else (4, 2, 32, False, True)
+    for B, HV in ((1, 16), (1, 64), (2, 32), (4, 16)):  # B * HV <= 64
+        assert _t1(state_dtype, pool, B, HV) == small
+    for B, HV in ((2, 64), (4, 32), (8, 16)):  # 128
+        assert _t1(state_dtype, pool, B, HV) == mid
+    for B, HV in ((4, 64), (8, 32)):  # 256
+        got = _t1(state_dtype, pool, B, HV)
+        if pool:
+            assert got == (8, 4, 128, False, True)
+        elif state_dtype == "fp32":
+            assert got == (8, 4, 128, False, False)
+        else:
+            assert got == (8, 4, 16, False, False)  # bf16 direct: the large-batch bf16 rule was already the best
+    assert _t1(state_dtype, pool, 16, 64) == ((8, 2, 32, False, False) if state_dtype == "fp32" else (8, 4, 16, False, False))
+    assert _t1(state_dtype, pool, 1, 64, K=256)[2] == 8  # K = 256 small batch keeps its 8-row tiles
+
+
+def _mid(T, state_dtype, inter, B, HV=32, H=8):
+    params = dict(_GDN_BASE, layout="klast", K=128, V=128, T=T, state_dtype=state_dtype, in_dtype="bf16",
+                  inter_dtype=inter, ssm_idx_dtype="none", pool=True, update=inter == "none")
+    t, _ = dispatch.select(get_spec("gdn"), params, dict(B=B, H=H, HV=HV, num_sms=132))
+    return (t["form"], t["lanes_per_row"], t["ilp"], t["tile_v"], t["pipe"], t["stage"], t["l2_prefetch"])
+
+
+def test_multi_token_mid_batch_rules():
+    """T > 1 between the small-batch rules and B * HV = 1024 (docs/perf.md v15c), HV = 32, 132 SMs."""
+    for B in (4, 8, 16):
+        assert _mid(2, "fp32", "none", B) == ("recurrent", 8, 2, 16, 2, True, False)
+        assert _mid(4, "fp32", "none", B) == ("recurrent", 8, 2, 32, 2, True, False)
+        assert _mid(2, "bf16", "none", B) == ("mma", 4, 1, 32, 1, True, True)
+        assert _mid(8, "bf16", "none", B)[0] == "tc"
+        assert _mid(2, "fp32", "fp32", B) == ("recurrent", 16, 2, 8, 1, False, False)
+        assert _mid(2, "bf16", "bf16", B) == ("recurrent", 8, 4, 64, 1, True, True)
+        assert _mid(4, "bf16", "bf16", B) == ("recurrent", 8, 2, 32, 1, False, True)
+    assert _mid(4, "bf16", "none", 4) == _mid(4, "bf16", "none", 8) == ("mma", 4, 1, 64, 1, True, True)
+    assert _mid(4, "bf16", "none", 16)[0] == "tc"
+    assert _mid(8, "fp32", "none", 8) == _mid(8, "fp32", "none", 16) == ("mma", 4, 1, 64, 2, True, False)
+    assert _mid(8, "fp32", "fp32", 4) == _mid(8, "fp32", "fp32", 8) == ("recurrent", 16, 4, 64, 2, True, False)
+    assert _mid(3, "fp32", "fp32", 4) == _mid(3, "fp32", "fp32", 8) == ("recurrent", 8, 2, 8, 1, False, False)
+    assert _mid(3, "bf16", "none", 8) == ("mma", 4, 1, 32, 1, True, True)
+    assert _mid(6, "bf16", "bf16", 8) == ("recurrent", 8, 2, 64, 2, True, False)
+    assert _mid(8, "fp32", "fp32", 16) == ("recurrent", 16, 4, 8, 1, False, False)  # the verify rule from 512
+    # B * HV >= 1024: the large-batch rules, untouched
+    assert _mid(2, "fp32", "none", 32) == ("recurrent", 8, 4, 64, 2, True, False)
+    assert _mid(8, "bf16", "none", 32)[0] == "tc" and _mid(2, "fp32", "fp32", 32)[3] == 8
