@@ -78,9 +78,10 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
     alignment) and the flags, so a call whose metadata was validated before skips straight to
     gathering data pointers and launching a :class:`~gdnjit.launch.BoundLaunch` (its non-pointer
     arguments packed once). Two tiers: a C++ guard over the tensors passed (:mod:`gdnjit.guard`,
-    ~0.1 us per tensor) keyed by the flags and which optional tensors are present, then a signature of the metadata read in Python, one flat
-    tuple written out argument by argument (on the dev CPU 3.0 us against 6.8 us for a generator over
-    the slots; docs/perf.md v7). Anything new (or any non-tensor) takes the full path.
+    ~0.1 us per tensor) keyed by the flags and which optional tensors are present, then a signature of
+    the metadata read in Python, one flat tuple written out argument by argument (on the dev CPU 3.0 us
+    against 6.8 us for a generator over the slots; docs/perf.md v7). Anything new (or any non-tensor)
+    takes the full path.
     """
     try:
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
@@ -144,8 +145,8 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
 
 def _slots(q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm):
     """The tensors a guard checks: the eight every call has, then the optional ones present. Which ones are
-    present is part of the guard's key (``gkey`` in :func:`_run`), so one guard always sees the same slots;
-    each absent slot checked costs ~0.08 us (dev CPU)."""
+    present is part of the guard's key (``gkey`` in :func:`_run`), so one guard always sees the same slots
+    (a checked slot costs ~0.08 us on the dev CPU, so absent ones are left out)."""
     s = (q, k, v, A_log, a, dt_bias, b, pool)
     if read_idx is not None:
         s += (read_idx,)
