@@ -94,6 +94,7 @@ def test_multi_token_mid_batch_rules():
     assert _mid(4, "bf16", "none", 4) == _mid(4, "bf16", "none", 8) == ("mma", 4, 1, 64, 1, True, True)
     assert _mid(4, "bf16", "none", 16)[0] == "tc"
     assert _mid(8, "fp32", "none", 8) == _mid(8, "fp32", "none", 16) == ("mma", 4, 1, 64, 2, True, False)
+    assert _mid(8, "fp32", "none", 4) == ("mma", 4, 1, 128, 1, True, True)
     assert _mid(8, "fp32", "fp32", 4) == _mid(8, "fp32", "fp32", 8) == ("recurrent", 16, 4, 64, 2, True, False)
     assert _mid(3, "fp32", "fp32", 4) == _mid(3, "fp32", "fp32", 8) == ("recurrent", 8, 2, 8, 1, False, False)
     assert _mid(3, "bf16", "none", 8) == ("mma", 4, 1, 32, 1, True, True)
