@@ -20,7 +20,7 @@ def _gdn_grid():
             ["fp32", "bf16"], ["bf16", "fp16"], ["none", "bf16"], ["none", "int32"], [False, True]):
         params = dict(_GDN_BASE, layout=layout, K=K, V=V, T=T, state_dtype=sd, in_dtype=ind, inter_dtype=inter,
                       ssm_idx_dtype=ssm, pool=pool)
-        for B, HV in itertools.product([1, 2, 4, 8, 32, 512], [16, 32, 64]):
+        for B, HV in itertools.product([1, 2, 3, 4, 6, 8, 32, 512], [16, 32, 48, 64]):
             yield params, dict(B=B, H=16, HV=HV, num_sms=132)
 
 
@@ -82,13 +82,15 @@ def _mid(T, state_dtype, inter, B, HV=32, H=8):
 
 
 def test_multi_token_mid_batch_rules():
-    """T > 1 between the small-batch rules and B * HV = 1024 (docs/perf.md v15c), HV = 32, 132 SMs."""
+    """T > 1 between the small-batch rules and B * HV = 1024 (docs/perf.md v15c, v16), HV = 32, 132 SMs."""
     for B in (4, 8, 16):
         assert _mid(2, "fp32", "none", B) == ("recurrent", 8, 2, 16, 2, True, False)
-        assert _mid(4, "fp32", "none", B) == ("recurrent", 8, 2, 32, 2, True, False)
+        assert _mid(4, "fp32", "none", B) == (("mma", 4, 1, 32, 1, True, True) if B == 4 else
+                                              ("recurrent", 8, 2, 32, 2, True, False))
         assert _mid(2, "bf16", "none", B) == ("mma", 4, 1, 32, 1, True, True)
         assert _mid(8, "bf16", "none", B)[0] == "tc"
-        assert _mid(2, "fp32", "fp32", B) == ("recurrent", 16, 2, 8, 1, False, False)
+        assert _mid(2, "fp32", "fp32", B) == (("recurrent", 8, 4, 32, 1, True, True) if B == 4 else
+                                              ("recurrent", 16, 2, 8, 1, False, True))
         assert _mid(2, "bf16", "bf16", B) == ("recurrent", 8, 4, 64, 1, True, True)
         assert _mid(4, "bf16", "bf16", B) == ("recurrent", 8, 2, 32, 1, False, True)
     assert _mid(4, "bf16", "none", 4) == _mid(4, "bf16", "none", 8) == ("mma", 4, 1, 64, 1, True, True)
@@ -103,3 +105,24 @@ def test_multi_token_mid_batch_rules():
     # B * HV >= 1024: the large-batch rules, untouched
     assert _mid(2, "fp32", "none", 32) == ("recurrent", 8, 4, 64, 2, True, False)
     assert _mid(8, "bf16", "none", 32)[0] == "tc" and _mid(2, "fp32", "fp32", 32)[3] == 8
+
+
+def test_mid_batch_rules_by_waves():
+    """v16 (H = 16, HV 32 / 48 / 64 on the H200): fp32 T 7-8 picks whole heads while B * HV fits one wave of
+    num_sms CTAs, half heads one item per CTA at (1, 1.5] and (2, 3] x num_sms, two items per CTA between and
+    above; verify T = 2 and mtp T = 4 have their own tiles up to num_sms heads, verify T 4-6 up to 2 num_sms."""
+    whole, half, half2 = ("mma", 4, 1, 128, 1, True, True), ("mma", 4, 1, 64, 1, True, True), ("mma", 4, 1, 64, 2, True, False)
+    for B, HV, want in ((2, 48, whole), (2, 64, whole), (3, 48, half), (4, 48, half), (6, 32, half), (4, 64, half2),
+                        (6, 48, half), (8, 48, half), (12, 32, half), (8, 64, half2), (16, 48, half2)):
+        assert _mid(8, "fp32", "none", B, HV=HV, H=16) == want, (B, HV)
+        assert _mid(7, "fp32", "none", B, HV=HV, H=16) == want, (B, HV)
+    for B, HV in ((2, 48), (3, 32), (2, 64)):  # B * HV <= num_sms
+        assert _mid(4, "fp32", "none", B, HV=HV, H=16) == ("mma", 4, 1, 32, 1, True, True)
+        assert _mid(2, "fp32", "fp32", B, HV=HV, H=16) == ("recurrent", 8, 4, 32, 1, True, True)
+    assert _mid(4, "fp32", "none", 3, HV=48, H=16) == ("recurrent", 8, 2, 32, 2, True, False)
+    assert _mid(2, "fp32", "fp32", 3, HV=48, H=16) == ("recurrent", 16, 2, 8, 1, False, True)
+    for T in (4, 5, 6):
+        for B, HV in ((2, 48), (3, 48), (4, 48), (4, 64)):  # B * HV * 4 < 8 * num_sms
+            assert _mid(T, "fp32", "fp32", B, HV=HV, H=16) == ("recurrent", 16, 2, 16, 1, False, True)
+        assert _mid(T, "fp32", "fp32", 6, HV=48, H=16) != ("recurrent", 16, 2, 16, 1, False, True)
+    assert _mid(8, "fp32", "fp32", 4, HV=48, H=16) == ("recurrent", 16, 4, 64, 2, True, False)  # T 7-8 unchanged

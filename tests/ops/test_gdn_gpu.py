@@ -48,18 +48,23 @@ def test_decode_t1_batch_rules(case):
     check(case, run_case(case, seed=hash(case) & 0xFFFF))
 
 
-# ---- T > 1, mid batch (B * HV 128..256, past the small-batch rules): the rules of docs/perf.md v15c ------------
+# ---- T > 1, mid batch (B * HV 96..288, past the small-batch rules): the rules of docs/perf.md v15c, v16 ----------
 MID_RULES = [
     Case(B=B, H=8, ratio=4, T=T, state_dtype=sd, pool=pool, inter_dtype=inter, update=inter is None, out_dtype="bf16")
     for B in (4, 8)
     for sd, pool, inter, Ts in (("fp32", "direct", None, (2, 3, 4, 8)), ("bf16", "gaps", None, (2, 3, 4, 5, 8)),
                                 ("fp32", "gaps", "fp32", (2, 3, 4, 8)), ("bf16", "gaps", "bf16", (2, 3, 6)))
     for T in Ts
+] + [  # v16: H = 16, HV = 48 (ratio 3): B * HV 96 / 144 / 288, the wave-count rules for fp32 T 4-8 and verify
+    Case(B=B, H=16, ratio=3, T=T, state_dtype="fp32", pool=pool, inter_dtype=inter, update=inter is None, out_dtype="bf16")
+    for B in (2, 3, 6)
+    for pool, inter, Ts in (("direct", None, (4, 7, 8)), ("gaps", "fp32", (2, 4, 5)))
+    for T in Ts
 ]
 
 
 @pytest.mark.parametrize("case", MID_RULES,
-                         ids=lambda c: f"B{c.B}-T{c.T}-{c.state_dtype}-{c.pool}-{'verify' if c.inter_dtype else 'mtp'}")
+                         ids=lambda c: f"B{c.B}-HV{c.HV}-T{c.T}-{c.state_dtype}-{c.pool}-{'verify' if c.inter_dtype else 'mtp'}")
 def test_multi_token_mid_batch_rules(case):
     check(case, run_case(case, seed=hash(case) & 0xFFFF))
 
