@@ -122,7 +122,8 @@ def test_mid_batch_rules_by_waves():
     assert _mid(4, "fp32", "none", 3, HV=48, H=16) == ("recurrent", 8, 2, 32, 2, True, False)
     assert _mid(2, "fp32", "fp32", 3, HV=48, H=16) == ("recurrent", 16, 2, 8, 1, False, True)
     for T in (4, 5, 6):
-        for B, HV in ((2, 48), (3, 48), (4, 48), (4, 64)):  # B * HV * 4 < 8 * num_sms
+        for B, HV in ((2, 48), (3, 48), (4, 48), (6, 32)):  # B * HV * 4 < 8 * num_sms, a part-filled last wave
             assert _mid(T, "fp32", "fp32", B, HV=HV, H=16) == ("recurrent", 16, 2, 16, 1, False, True)
-        assert _mid(T, "fp32", "fp32", 6, HV=48, H=16) != ("recurrent", 16, 2, 16, 1, False, True)
+        for B, HV in ((2, 64), (4, 32), (4, 64), (8, 32), (6, 48)):  # full waves (128, 256) or B * HV * 4 >= 8 * num_sms
+            assert _mid(T, "fp32", "fp32", B, HV=HV, H=16) != ("recurrent", 16, 2, 16, 1, False, True)
     assert _mid(8, "fp32", "fp32", 4, HV=48, H=16) == ("recurrent", 16, 4, 64, 2, True, False)  # T 7-8 unchanged
