@@ -5,7 +5,7 @@ A table is JSON: ``{"device": name, "arch": ..., "num_sms": ..., "entries": [{"s
 times). Tables are looked up by a slug of the GPU name in the writable cache dir
 (``<cache>/tuned/``), the read-only cache dirs, then the package's shipped ``gdnjit/tuned/``. The
 dispatcher uses the entry with the same spec, params, H and HV whose batch
-size is nearest (in log scale) to the call's, within a factor of 4; without one it falls back to the
+size is nearest (in log scale) to the call's, within a factor of 2; without one it falls back to the
 spec's rules.
 """
 
@@ -20,7 +20,10 @@ from typing import Any
 from .config import Config
 
 SHIPPED_DIR = Path(__file__).parent / "tuned"
-MAX_B_RATIO = 4  # a tuned entry serves batch sizes within this factor of its own
+# A tuned entry serves batch sizes within this factor of its own. Not more: the best variant changes with how B * HV
+# fills waves of num_sms CTAs (docs/perf.md v16, v16c: with 4, H200 entries tuned at B = 1 / 8 served B = 3..4 /
+# 12 up to 1.28x slower than the rules).
+MAX_B_RATIO = 2
 
 
 def device_slug(name: str) -> str:

@@ -1,4 +1,4 @@
-"""Tuned-table lookup: nearest batch size within a factor of 4, else the rules decide."""
+"""Tuned-table lookup: nearest batch size within a factor of 2, else the rules decide."""
 
 from __future__ import annotations
 
@@ -17,18 +17,18 @@ def _pick(table: TunedTable, B: int, params=PARAMS, H=16, HV=64):
 
 
 def test_nearest_batch_in_log_scale_ties_to_the_smaller():
-    t = TunedTable([_entry(1, 8), _entry(32, 32), _entry(512, 64)])
-    assert [_pick(t, B) for B in (1, 2, 3, 4)] == [8, 8, 8, 8]
-    assert [_pick(t, B) for B in (16, 32, 64, 128)] == [32, 32, 32, 32]  # 128: 4x from 32 and from 512
-    assert [_pick(t, B) for B in (129, 256, 2048)] == [64, 64, 64]
+    t = TunedTable([_entry(1, 8), _entry(4, 16), _entry(32, 32), _entry(128, 64)])
+    assert [_pick(t, B) for B in (1, 2, 3, 4, 8)] == [8, 8, 16, 16, 16]  # 2: 2x from 1 and from 4
+    assert [_pick(t, B) for B in (16, 32, 64, 65, 256)] == [32, 32, 32, 64, 64]  # 64: 2x from 32 and from 128
 
 
 def test_no_entry_beyond_the_ratio():
-    assert MAX_B_RATIO == 4
+    assert MAX_B_RATIO == 2
     t = TunedTable([_entry(1, 8), _entry(8, 16)])
-    assert _pick(t, 32) == 16 and _pick(t, 33) is None and _pick(t, 512) is None
-    assert TunedTable([_entry(64, 32)]).lookup("gdn", PARAMS, {"B": 15, "H": 16, "HV": 64}) is None
-    assert _pick(TunedTable([_entry(64, 32)]), 16) == 32
+    assert _pick(t, 2) == 8 and _pick(t, 3) is None and _pick(t, 4) == 16 and _pick(t, 16) == 16
+    assert _pick(t, 17) is None and _pick(t, 512) is None
+    assert TunedTable([_entry(64, 32)]).lookup("gdn", PARAMS, {"B": 31, "H": 16, "HV": 64}) is None
+    assert _pick(TunedTable([_entry(64, 32)]), 32) == 32
 
 
 def test_other_params_heads_or_spec_do_not_match():
