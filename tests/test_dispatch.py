@@ -70,6 +70,11 @@ def test_t1_small_and_mid_batch_rules(state_dtype, pool):
             assert got == (8, 4, 128, False, False)
         else:
             assert got == (8, 4, 16, False, False)  # bf16 direct: the large-batch bf16 rule was already the best
+    for B, HV in ((3, 64), (4, 48), (6, 32)):  # 192: whole-head CTAs would leave 27% of their second wave empty (v16d)
+        if state_dtype == "fp32":
+            assert _t1(state_dtype, pool, B, HV) == (8, 4, 64, False, False)
+        else:
+            assert _t1(state_dtype, pool, B, HV) == ((8, 4, 128, False, True) if pool else (8, 4, 16, False, False))
     assert _t1(state_dtype, pool, 16, 64) == ((8, 2, 32, False, False) if state_dtype == "fp32" else (8, 4, 16, False, False))
     assert _t1(state_dtype, pool, 1, 64, K=256)[2] == 8  # K = 256 small batch keeps its 8-row tiles
 

@@ -33,10 +33,10 @@ def test_decode_t1_fp32_klast(case):
     check(case, run_case(case, seed=hash(case) & 0xFFFF))
 
 
-# ---- T = 1 with H = 16: the small- and mid-batch rules (B * HV 16..256; docs/perf.md v15b) -------------
+# ---- T = 1 with H = 16: the small- and mid-batch rules (B * HV 16..256; docs/perf.md v15b, v16d) -------
 T1_RULES = [
     Case(B=B, H=16, ratio=r, K=K, V=V, state_dtype=sd, pool=pool, out_dtype="bf16")
-    for B, r in ((1, 1), (1, 4), (2, 4), (4, 2), (4, 4), (3, 3))
+    for B, r in ((1, 1), (1, 4), (2, 4), (4, 2), (4, 4), (3, 3), (3, 4))
     for sd in ("fp32", "bf16")
     for pool in ("direct", "gaps")
     for K, V in ((128, 128), (64, 64), (128, 256))
