@@ -132,3 +132,11 @@ def test_mid_batch_rules_by_waves():
         for B, HV in ((2, 64), (4, 32), (4, 64), (8, 32), (6, 48)):  # full waves (128, 256) or B * HV * 4 >= 8 * num_sms
             assert _mid(T, "fp32", "fp32", B, HV=HV, H=16) != ("recurrent", 16, 2, 16, 1, False, True)
     assert _mid(8, "fp32", "fp32", 4, HV=48, H=16) == ("recurrent", 16, 4, 64, 2, True, False)  # T 7-8 unchanged
+
+
+def test_bf16_update_t4_takes_tc_past_two_waves():
+    """v16e (H200, H = 16): bf16 update T = 4 keeps the mma form up to 2 num_sms heads, the tc form above."""
+    for B, HV in ((6, 48), (6, 64), (12, 32), (5, 64)):  # 288, 384, 384, 320
+        assert _mid(4, "bf16", "none", B, HV=HV, H=16)[0] == "tc", (B, HV)
+    for B, HV in ((4, 64), (8, 32), (4, 48), (2, 64)):  # 256, 256, 192, 128
+        assert _mid(4, "bf16", "none", B, HV=HV, H=16) == ("mma", 4, 1, 64, 1, True, True), (B, HV)

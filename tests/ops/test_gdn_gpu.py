@@ -56,9 +56,10 @@ MID_RULES = [
                                 ("fp32", "gaps", "fp32", (2, 3, 4, 8)), ("bf16", "gaps", "bf16", (2, 3, 6)))
     for T in Ts
 ] + [  # v16: H = 16, HV = 48 (ratio 3): B * HV 96 / 144 / 288, the wave-count rules for fp32 T 4-8 and verify
-    Case(B=B, H=16, ratio=3, T=T, state_dtype="fp32", pool=pool, inter_dtype=inter, update=inter is None, out_dtype="bf16")
+    Case(B=B, H=16, ratio=3, T=T, state_dtype=sd, pool=pool, inter_dtype=inter, update=inter is None, out_dtype="bf16")
     for B in (2, 3, 6)
-    for pool, inter, Ts in (("direct", None, (4, 7, 8)), ("gaps", "fp32", (2, 4, 5)))
+    for sd, pool, inter, Ts in (("fp32", "direct", None, (4, 7, 8)), ("fp32", "gaps", "fp32", (2, 4, 5)),
+                                ("bf16", "gaps", None, (4,)))
     for T in Ts
 ]
 
