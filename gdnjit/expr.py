@@ -14,8 +14,22 @@ import jinja2
 import jinja2.meta
 import jinja2.sandbox
 
+
+
+def wave_fill_pct(ctas: int, slots: int) -> int:
+    """How full, in whole percent (rounded down), ``ctas`` CTAs keep the ``ceil(ctas / slots)`` waves of ``slots``
+    they need: 100 for an exact multiple, 55 for 144 CTAs on 132 SMs (docs/perf.md v16b, v16d); 100 when there
+    are no CTAs. Integer arithmetic, so ``wave_fill_pct(n, s) < 90`` is exactly ``10 n < 9 s ceil(n / s)``."""
+    ctas, slots = int(ctas), int(slots)
+    if ctas <= 0:
+        return 100
+    if slots <= 0:
+        raise ValueError(f"wave_fill_pct: slots must be positive, got {slots}")
+    return 100 * ctas // (slots * -(-ctas // slots))
+
+
 _ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined)
-_ENV.globals.update(min=min, max=max, abs=abs, int=int, len=len)
+_ENV.globals.update(min=min, max=max, abs=abs, int=int, len=len, wave_fill_pct=wave_fill_pct)
 
 
 class ExprError(ValueError):

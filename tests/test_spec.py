@@ -556,6 +556,20 @@ def test_expr_basics():
 
 
 
+def test_wave_fill_pct_is_the_integer_wave_test():
+    """The rules' wave-fill helper (docs/perf.md v16b, v16d) equals the integer form it replaced, 10 n < 9 s ceil(n / s),
+    on every n, s in range, and is a builtin (not a free name) of the expressions."""
+    for n in range(0, 1100):
+        for s in (1, 7, 114, 132, 144):
+            pct = gexpr.evaluate("wave_fill_pct(n, s)", {"n": n, "s": s})
+            assert (pct < 90) == (10 * n < 9 * s * ((n + s - 1) // s)), (n, s)
+            assert 0 <= pct <= 100
+    assert gexpr.wave_fill_pct(144, 132) == 54 and gexpr.wave_fill_pct(256, 132) == 96 and gexpr.wave_fill_pct(0, 132) == 100
+    assert gexpr.names_in("wave_fill_pct(B * HV, num_sms) < 90") == {"B", "HV", "num_sms"}
+    with pytest.raises(ValueError, match="slots must be positive"):
+        gexpr.wave_fill_pct(4, 0)
+
+
 def test_expr_memo_keys_on_the_free_names_values_and_types():
     # the memo reuses a result only for equal values of equal types of the names the text reads
     assert gexpr.evaluate("x / 2", {"x": 3, "unrelated": 1}) == 1.5
