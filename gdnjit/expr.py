@@ -15,10 +15,9 @@ import jinja2.meta
 import jinja2.sandbox
 
 
-
 def wave_fill_pct(ctas: int, slots: int) -> int:
     """How full, in whole percent (rounded down), ``ctas`` CTAs keep the ``ceil(ctas / slots)`` waves of ``slots``
-    they need: 100 for an exact multiple, 55 for 144 CTAs on 132 SMs (docs/perf.md v16b, v16d); 100 when there
+    they need: 100 for an exact multiple, 54 for 144 CTAs on 132 SMs (docs/perf.md v16b, v16d); 100 when there
     are no CTAs. Integer arithmetic, so ``wave_fill_pct(n, s) < 90`` is exactly ``10 n < 9 s ceil(n / s)``."""
     ctas, slots = int(ctas), int(slots)
     if ctas <= 0:

@@ -115,7 +115,8 @@ def test_multi_token_mid_batch_rules():
 def test_mid_batch_rules_by_waves():
     """v16 (H = 16, HV 32 / 48 / 64 on the H200): fp32 T 7-8 picks whole heads while B * HV fits one wave of
     num_sms CTAs, half heads one item per CTA at (1, 1.5] and (2, 3] x num_sms, two items per CTA between and
-    above; verify T = 2 and mtp T = 4 have their own tiles up to num_sms heads, verify T 4-6 up to 2 num_sms."""
+    above; verify T = 2 and mtp T = 4 have their own tiles up to num_sms heads, verify T 4-6 below 2 num_sms
+    where the two-item grid would fill less than 90% of its waves (v16b)."""
     whole, half, half2 = ("mma", 4, 1, 128, 1, True, True), ("mma", 4, 1, 64, 1, True, True), ("mma", 4, 1, 64, 2, True, False)
     for B, HV, want in ((2, 48, whole), (2, 64, whole), (3, 48, half), (4, 48, half), (6, 32, half), (4, 64, half2),
                         (6, 48, half), (8, 48, half), (12, 32, half), (8, 64, half2), (16, 48, half2)):
