@@ -155,10 +155,19 @@ def run_row(layout, M: int, K: int, args, bw: float, l2: int, notes: list) -> di
         except Exception as e:  # noqa: BLE001
             notes.append(f"{rec['layout']} M={M} K={K}: reference failed: {short(e)}")
     if not args.no_compile:
+        from torch._dynamo import reset as dynamo_reset
+        from torch._dynamo.utils import counters
+
         offsets = sf_offsets(M, K // 16, layout, device=dev).view(-1)
         try:
+            # dynamo caches per code object and, past its recompile limit (8 shapes), silently runs
+            # the function eagerly: reset per row so every row times a compiled graph, and check it
+            dynamo_reset()
+            graphs = counters["stats"]["unique_graphs"]
             compiled = torch.compile(reference_math, dynamic=False)
             out = compiled(xs[0], gss[0], offsets, rows * cols)
+            if counters["stats"]["unique_graphs"] == graphs:
+                raise RuntimeError("torch.compile produced no graph (ran eagerly)")
             rec["compiled_exact"] = bool(torch.equal(out[0], ref[0]) and torch.equal(out[1].view(rows, cols), ref[1]))
             try:
                 rec["compiled_us"] = bc.time_graph(lambda i: compiled(xs[i], gss[i], offsets, rows * cols),

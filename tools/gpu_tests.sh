@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Every GPU test (pytest -m gpu) in seven groups run side by side, one log per group, on a GPU machine.
+#
+#   PYTHONPATH=$PWD bash tools/gpu_tests.sh LOGDIR [extra pytest args]
+#
+# The groups split tests/ops/test_gdn_gpu.py's forced-form grids (most of the NVRTC compiles) so the
+# machine's cores compile in parallel; together they select exactly what `pytest -m gpu` selects
+# (the last line prints the sum of every group's counts to compare with `pytest -m gpu --co -q`).
+# Exit status: 0 only if every group passed.
+set -u
+out=${1:?usage: tools/gpu_tests.sh LOGDIR [pytest args]}
+shift
+mkdir -p "$out"
+gdn=tests/ops/test_gdn_gpu.py
+names=(rules forced-recurrent forced-pipe forced-mma forced-tc-kwarps other tuned)
+args=(
+  "$gdn -k 'not form_forced and not k_warps_forced'"
+  "$gdn -k 'test_form_forced and (recurrent or chunk or lanes4x2)'"
+  "$gdn -k 'test_form_forced and pipe and not mma'"
+  "$gdn -k 'test_form_forced and mma'"
+  "$gdn -k 'tc_form_forced or k_warps_forced'"
+  "tests --ignore=$gdn --ignore=tests/ops/test_tuned_gpu.py"
+  "tests/ops/test_tuned_gpu.py"
+)
+pids=()
+for i in "${!names[@]}"; do
+  eval "python3 -m pytest -m gpu -q -p no:cacheprovider ${args[$i]} $*" >"$out/gpu-${names[$i]}.log" 2>&1 &
+  pids+=($!)
+done
+rc=0
+for i in "${!names[@]}"; do
+  wait "${pids[$i]}" || rc=1
+  printf '%-18s %s\n' "${names[$i]}" "$(tail -n 1 "$out/gpu-${names[$i]}.log")"
+done
+exit $rc
