@@ -5,8 +5,8 @@
 #
 # The groups split tests/ops/test_gdn_gpu.py's forced-form grids (most of the NVRTC compiles) so the
 # machine's cores compile in parallel; together they select exactly what `pytest -m gpu` selects
-# (the last line prints the sum of every group's counts to compare with `pytest -m gpu --co -q`).
-# Exit status: 0 only if every group passed.
+# (their collected counts add up to `pytest -m gpu --co -q`'s). Prints each group's pytest summary line;
+# exit status 0 only if every group passed.
 set -u
 out=${1:?usage: tools/gpu_tests.sh LOGDIR [pytest args]}
 shift
