@@ -3,7 +3,7 @@
 This module only validates arguments and dispatches; kernels come from the ``gdn`` spec
 (``specs/gdn.yaml``, ``templates/gdn.cu.j2``) through :mod:`gdnjit.kernels`.
 
-Semantics (DESIGN.md section 4), per batch row n, value head hv (h = hv // (HV // H)), token t::
+Semantics (docs/design.md section 4), per batch row n, value head hv (h = hv // (HV // H)), token t::
 
     g    = exp(-exp(A_log[hv]) * softplus(a[n,t,hv] + dt_bias[hv]))
     beta = sigmoid(b[n,t,hv])

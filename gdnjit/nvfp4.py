@@ -5,7 +5,7 @@ This module only validates arguments and dispatches; the kernel comes from the
 through :mod:`gdnjit.kernels`. Results are bit-identical to the package's torch reference
 (:func:`gdnjit.reference.nvfp4.quantize_reference`), special values included.
 
-Semantics (DESIGN.md section 5), per 16-element block of a row, all fp32::
+Semantics (docs/design.md section 5), per 16-element block of a row, all fp32::
 
     amax      = max |x|                                   (NaN elements skipped)
     sf        = e4m3_satfinite_rne(gs * (amax * (1/6)))

@@ -1,4 +1,4 @@
-"""Torch reference of the gated delta rule step (DESIGN.md section 4), any precision.
+"""Torch reference of the gated delta rule step (docs/design.md section 4), any precision.
 
 Vectorised over batch rows and heads, a loop over tokens. It mirrors the kernels' contract
 exactly (pools, split pools, padding rows, negative write indices, intermediate buffers,
