@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
+import os
+import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
 from .cache import DiskCache
+from .cache.store import ArchiveError, CacheDirError
 from .config import get_config
 from .errors import SpecError
 
@@ -28,7 +30,7 @@ def _kv(items: Sequence[str] | None, what: str) -> dict[str, Any]:
     out = {}
     for item in items or ():
         if "=" not in item:
-            raise SystemExit(f"gdnjit: {what} {item!r}: expected NAME=VALUE")
+            raise ValueError(f"{what}: expected NAME=VALUE, got {item!r}")
         k, v = item.split("=", 1)
         out[k.strip()] = _parse_value(v.strip())
     return out
@@ -47,20 +49,33 @@ def _local_arch() -> str | None:
     return None
 
 
+def _cache(config, write: bool = False, create: bool = False) -> DiskCache:
+    """The configured cache, its dirs checked first (CacheDirError: one line, exit 2)."""
+    cache = DiskCache(config)
+    cache.check(write=write, create=create)
+    return cache
+
+
 def cmd_warm(args) -> int:
     from .shapes import load_shapes
-    from .warm import plan, tuned_docs, warm
+    from .warm import check_supported_arch, plan, tuned_docs, warm
 
     config = get_config()
-    archs = args.arch or ([_local_arch()] if _local_arch() else None)
+    archs = args.arch  # each checked by argparse (_arch)
     if not archs:
-        print("gdnjit warm: no GPU here; pass --arch (e.g. --arch sm_90)", file=sys.stderr)
-        return 2
+        local = _local_arch()
+        if not local:
+            print("gdnjit warm: no GPU here; pass --arch (e.g. --arch sm_90)", file=sys.stderr)
+            return 2
+        archs = [check_supported_arch(local, what="the local GPU's arch (pass --arch to warm for another)")]
+    cache = _cache(config)  # a cache dir that is a file fails here; writing is checked once the plan stands
     problems = []
     for f in args.shapes:
         problems += load_shapes(f)
     t0 = time.perf_counter()
     variants = plan(problems, archs, args.num_sms, tuned_docs(config))
+    if not args.dry_run:
+        cache.check(write=True, create=True)  # unwritable: one line now, not an OSError per worker
     if args.dry_run:
         for v in variants:
             print(f"{v.name}  {v.describe()}")
@@ -86,17 +101,22 @@ def cmd_warm(args) -> int:
             print(f"{r.status:9s} {r.meta.get('registers', 0):4d} {r.meta.get('spill_bytes', 0):5d} "
                   f"{r.seconds:6.2f}  {r.variant.name}")
     compiled = sum(r.status == "compiled" for r in results)
-    spills = sum(1 for r in results if r.meta.get("spill_bytes", 0))
+    spilling = [r for r in results if r.meta.get("spill_bytes", 0)]
+    for r in spilling:
+        print(f"gdnjit warm: warning: variant {r.variant.name} spills {r.meta['spill_bytes']} bytes "
+              f"({r.meta.get('registers', 0)} registers): {r.variant.describe()}", file=sys.stderr)
     max_regs = max((r.meta.get("registers", 0) for r in results), default=0)
     print(f"gdnjit warm: {n} variants ({compiled} compiled, {n - compiled - len(failed)} already cached, "
-          f"{len(failed)} failed), max registers {max_regs}, {spills} with spills, "
+          f"{len(failed)} failed), max registers {max_regs}, {len(spilling)} with spills, "
           f"{time.perf_counter() - t0:.1f} s, cache {config.cache_dir}")
     for r in failed:
         dump = config.cache_dir / "failed" / f"{r.variant.name}.cu"
         dump.parent.mkdir(parents=True, exist_ok=True)
         dump.write_text(r.error)
         print(f"FAILED {r.variant.describe()}: source and NVRTC log in {dump}", file=sys.stderr)
-    return 1 if failed else 0
+    if args.strict and spilling:
+        print(f"gdnjit warm: --strict: {len(spilling)} variant(s) spill registers (listed above)", file=sys.stderr)
+    return 1 if failed or (args.strict and spilling) else 0
 
 
 def cmd_tune(args) -> int:
@@ -114,10 +134,15 @@ def cmd_tune(args) -> int:
         except _expr.ExprError as e:
             print(f"gdnjit tune: --where: {e}", file=sys.stderr)
             return 2
+    config = get_config()
+    _cache(config)  # a cache dir that is a file fails here, before the GPU checks
     if not torch.cuda.is_available():
         print("gdnjit tune: needs a CUDA GPU (it measures the candidates on it)", file=sys.stderr)
         return 2
-    config = get_config()
+    from .kernels import device_info
+    from .warm import check_supported_arch
+
+    check_supported_arch(device_info(torch.cuda.current_device()).arch, what="the local GPU's arch")
     problems = []
     for f in args.shapes:
         problems += load_shapes(f)
@@ -127,6 +152,7 @@ def cmd_tune(args) -> int:
     for p in problems:  # models sharing (params, H, HV) measure the same thing
         dedup.setdefault((p.spec, p.params, p.H, p.HV), p)
     problems = list(dedup.values())[: args.max_problems or None]
+    _cache(config, write=True, create=True)  # the candidates are compiled into it
     dev = torch.cuda.current_device()
     entries = tune(problems, config, dev, args.b, where=args.where)
     doc = table_doc(entries, dev)
@@ -152,7 +178,8 @@ def _variant_from_args(args):
     given = _kv(args.param, "--param")
     unknown = set(given) - set(spec.param_names)
     if unknown:
-        raise SystemExit(f"gdnjit: unknown params {sorted(unknown)} for spec {spec.name} (params: {list(spec.param_names)})")
+        raise ValueError(f"--param: expected params of spec {spec.name} ({', '.join(spec.param_names)}), "
+                         f"got unknown {sorted(unknown)}")
     params = {n: given.get(n, vals[0]) for n, vals in spec.params}
     facts = {"B": args.B, "H": args.H, "HV": args.HV, "num_sms": args.num_sms}
     tunables = _kv(args.tunable, "--tunable")
@@ -174,6 +201,7 @@ def cmd_list(args) -> int:
     from .shapes import shipped_shapes
     from .spec import get_spec, list_specs
 
+    cache = _cache(get_config())  # a bad cache dir fails before any output
     for name in list_specs():
         spec = get_spec(name)
         print(f"spec {spec.name} (template {spec.template}): {spec.description.strip()}")
@@ -184,7 +212,6 @@ def cmd_list(args) -> int:
         for i, r in enumerate(spec.rules):
             print(f"  rule {i}: when {r.when or '(always)'} -> {dict(r.use)}")
     print(f"shapes files: {', '.join(shipped_shapes())}")
-    cache = DiskCache(get_config())
     entries = list(cache.list_entries())
     print(f"cached variants in {cache.dir}: {len(entries)}")
     return 0
@@ -204,7 +231,12 @@ def cmd_cache(args) -> int:
     from .config import parse_size
 
     config = get_config()
-    cache = DiskCache(config)
+    writes = args.action in ("clear", "evict", "import") or (args.action == "verify" and args.repair)
+    if args.action in ("export", "import") and not args.file:
+        print(f"gdnjit cache {args.action}: needs FILE", file=sys.stderr)
+        return 2
+    # import makes the dirs it needs (after reading the archive); the others only delete in dirs that exist
+    cache = _cache(config, write=writes)
     if args.action == "ls":
         dirs = [(d, "ro") for d in cache.readonly] + [(cache.dir, "rw")]
         for directory, mode in dirs:
@@ -247,15 +279,18 @@ def cmd_cache(args) -> int:
         print(f"evicted {len(res.removed)} entries from {cache.dir}: {_human(res.before)} -> {_human(res.after)} "
               f"(limit {_human(limit)})")
         return 0 if res.after <= limit else 1
-    if args.action in ("export", "import"):
-        if not args.file:
-            print(f"gdnjit cache {args.action}: needs FILE", file=sys.stderr)
-            return 2
-        if args.action == "export":
-            n = cache.export(Path(args.file))
-            print(f"exported {n} entries from {cache.dir} to {args.file}")
-            return 0
-        imported, skipped = cache.import_(Path(args.file))
+    if args.action == "export":
+        n = cache.export(Path(args.file))
+        print(f"exported {n} entries from {cache.dir} to {args.file}")
+        return 0
+    if args.action == "import":
+        good, skipped = cache.read_archive(Path(args.file))
+        if not good:  # an error (exit 2), not a quiet success: nothing was imported
+            raise ArchiveError(f"archive {args.file!r}: expected cache entries (<name>.cubin + <name>.json "
+                               f"pairs, as `gdnjit cache export` writes them), got none that is valid "
+                               f"({skipped} invalid); nothing imported")
+        cache.check(write=True, create=True)
+        imported = cache.add_entries(good)
         print(f"imported {imported} entries into {cache.dir} ({skipped} invalid skipped)")
         return 1 if skipped else 0
     if args.action == "clear":
@@ -270,13 +305,36 @@ def cmd_cache(args) -> int:
     return 1 if bad and not args.repair else 0
 
 
+def _looks_like_file(target: str) -> bool:
+    """An existing path, or a name that can only be one (a .yaml/.yml suffix or a directory part)."""
+    return Path(target).exists() or target.endswith((".yaml", ".yml")) or "/" in target or os.sep in target
+
+
+def _spec_file(target: str) -> Path:
+    path = Path(target)
+    if not path.exists():
+        raise ValueError(f"spec file {target!r}: no such file")
+    if not path.is_file():
+        raise ValueError(f"spec file {target!r}: expected a YAML file, got a directory")
+    return path
+
+
+def _shipped_spec_name(target: str) -> str:
+    from .spec import list_specs
+
+    if target not in list_specs():
+        raise ValueError(f"{target!r}: expected a spec file or a shipped spec name ({', '.join(list_specs())}), "
+                         f"got neither (no such file, no such spec)")
+    return target
+
+
 def cmd_spec(args) -> int:
     from . import dispatch
     from .spec import get_spec, load_spec_file
 
     if args.action == "validate":
         for f in args.target:
-            spec = load_spec_file(f) if Path(f).exists() else get_spec(f)
+            spec = load_spec_file(_spec_file(f)) if _looks_like_file(f) else get_spec(_shipped_spec_name(f))
             print(f"{f}: ok (spec {spec.name}: {len(spec.params)} params, {len(spec.tunables)} tunables, "
                   f"{len(spec.rules)} rules)")
         return 0
@@ -303,34 +361,75 @@ def cmd_spec(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``gdnjit warm: argument --num-sms: expected ..., got '-5'``
+    (exit 2), the full usage being one ``--help`` away."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def _int_at_least(least: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < least:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+
+    parse.__name__ = what  # argparse's fallback message names the type
+    return parse
+
+
+_positive = _int_at_least(1, "a positive integer")
+_nonnegative = _int_at_least(0, "an integer >= 0")
+
+
+def _arch(text: str) -> str:
+    from .warm import check_supported_arch
+
+    try:
+        return check_supported_arch(text, what=None)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _variant_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--param", action="append", help="spec param NAME=VALUE (default: first allowed value)")
     p.add_argument("-t", "--tunable", action="append", help="tunable NAME=VALUE (default: the dispatcher's choice)")
-    p.add_argument("--arch", default="sm_90")
-    p.add_argument("--B", type=int, default=None, help="batch size the dispatcher sees (default 1)")
-    p.add_argument("--H", type=int, default=16)
-    p.add_argument("--HV", type=int, default=32)
-    p.add_argument("--num-sms", type=int, default=132)
+    p.add_argument("--arch", type=_arch, default="sm_90", help="target arch (default sm_90)")
+    p.add_argument("--B", type=_positive, default=None, help="batch size the dispatcher sees (default 1)")
+    p.add_argument("--H", type=_positive, default=16)
+    p.add_argument("--HV", type=_positive, default=32)
+    p.add_argument("--num-sms", type=_positive, default=132)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gdnjit", description=__doc__)
+    parser = _Parser(prog="gdnjit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("warm", help="precompile the variants the dispatcher can select for a shapes file")
     p.add_argument("--shapes", action="append", required=True, help="shipped name (qwen35.yaml) or path; repeatable")
-    p.add_argument("--arch", action="append", help="target arch, repeatable (default: the local GPU's)")
-    p.add_argument("--num-sms", type=int, action="append", help="SM counts the rules see (default: known parts of the arch)")
-    p.add_argument("-j", "--jobs", type=int, default=None, help="parallel compiles (default: CPU count)")
+    p.add_argument("--arch", type=_arch, action="append",
+                   help="target arch, repeatable (default: the local GPU's); one of the supported targets "
+                        "(an unsupported one is refused before anything is compiled)")
+    p.add_argument("--num-sms", type=_positive, action="append",
+                   help="SM counts the rules see (default: known parts of the arch)")
+    p.add_argument("-j", "--jobs", type=_positive, default=None, help="parallel compiles (default: CPU count)")
     p.add_argument("--dry-run", action="store_true", help="list the variants, compile nothing")
     p.add_argument("-v", "--verbose", action="store_true", help="print a table of every variant")
+    p.add_argument("--strict", action="store_true",
+                   help="exit with status 1 if any variant spills registers (each spilling variant is "
+                        "always printed as a warning on stderr) or fails to compile")
     p.set_defaults(fn=cmd_warm)
 
     p = sub.add_parser("tune", help="measure the candidate variants on this GPU and write a tuned table")
     p.add_argument("--shapes", action="append", required=True, help="shipped name or path; repeatable")
-    p.add_argument("--b", type=int, nargs="+", help="batch sizes to measure (default: the shapes file's)")
+    p.add_argument("--b", type=_positive, nargs="+", help="batch sizes to measure (default: the shapes file's)")
     p.add_argument("--call", action="append", help="only these calls of the shapes file")
-    p.add_argument("--max-problems", type=int, default=0)
+    p.add_argument("--max-problems", type=_nonnegative, default=0, help="measure at most this many (0: all)")
     p.add_argument("--out", help="table path (default: <cache dir>/tuned/<gpu>.json, merged)")
     p.add_argument("--replace", action="store_true", help="do not merge with an existing table")
     p.add_argument("--where", help="measure only candidates for which this expression over params and tunables "
@@ -363,14 +462,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(part.strip() for part in str(e).splitlines() if part.strip())
+
+
+def _silence_stdout() -> None:
+    """After a broken pipe: point stdout at /dev/null, so that the interpreter's final flush of what is
+    still buffered does not raise again (the recipe of the Python docs, "Note on SIGPIPE")."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # not a real file (tests), or no stdout
+        pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command. Bad input (arguments, environment, cache dirs, files) ends with one line
+    ``gdnjit <command>: <message>`` on stderr and status 2; a closed stdout (``gdnjit ... | head``)
+    ends quietly with status 141 (128 + SIGPIPE, what a shell reports for a killed writer)."""
     args = build_parser().parse_args(argv)
     if getattr(args, "B", None) is None and args.command == "render":
         args.B = 1
     try:
-        return args.fn(args)
-    except (SpecError, ValueError) as e:
-        print(f"gdnjit {args.command}: {e}", file=sys.stderr)
+        get_config()  # every GDNJIT_* variable is checked before any output
+        rc = args.fn(args)
+        sys.stdout.flush()  # a closed pipe shows up here, not in the interpreter's exit
+        return rc
+    except BrokenPipeError:
+        _silence_stdout()
+        return 128 + int(getattr(signal, "SIGPIPE", 13))
+    except (SpecError, ValueError, CacheDirError) as e:  # ConfigError, ArchiveError: ValueErrors
+        print(f"gdnjit {args.command}: {_one_line(e)}", file=sys.stderr)
         return 2
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import re
 from pathlib import Path
@@ -44,13 +45,18 @@ _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
 
+class ConfigError(ValueError):
+    """An environment variable has a bad value. The message names the variable, what was expected and
+    what came, on one line (``gdnjit`` prints it as ``gdnjit <command>: <message>`` and exits 2)."""
+
+
 def _flag(env: Mapping[str, str], name: str) -> bool:
     raw = env.get(name, "").strip().lower()
     if raw in _TRUE:
         return True
     if raw in _FALSE:
         return False
-    raise ValueError(f"environment variable {name}: expected one of 1/0/true/false, got {raw!r}")
+    raise ConfigError(f"environment variable {name}: expected one of 1/0/true/false, got {raw!r}")
 
 
 _SIZE_RE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:([kmgt])(?:i?b)?|b)?", re.IGNORECASE | re.ASCII)
@@ -101,7 +107,9 @@ class Config:
 
 
 def load_config(env: Mapping[str, str] | None = None) -> Config:
-    """Read the knobs from ``env`` (default ``os.environ``); raises ValueError on bad values."""
+    """Read the knobs from ``env`` (default ``os.environ``); raises :class:`ConfigError` (a ValueError)
+    naming the variable on a bad value. Whether the directories are usable is checked where they are
+    used (``gdnjit.cache.DiskCache.check``), not here."""
     env = os.environ if env is None else env
     cache_dir = Path(env.get("GDNJIT_CACHE_DIR") or Path.home() / ".cache" / "gdnjit").expanduser()
     ro = tuple(
@@ -112,10 +120,19 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
     try:
         timeout = float(raw_timeout)
     except ValueError:
-        raise ValueError(f"environment variable GDNJIT_LOCK_TIMEOUT: expected seconds, got {raw_timeout!r}") from None
-    level = env.get("GDNJIT_LOG_LEVEL", "WARNING").upper()
+        timeout = math.nan
+    if not timeout >= 0:  # also NaN; inf (wait for ever) is fine
+        raise ConfigError(
+            f"environment variable GDNJIT_LOCK_TIMEOUT: expected seconds (a number >= 0), got {raw_timeout!r}")
+    raw_level = env.get("GDNJIT_LOG_LEVEL", "WARNING")
+    level = raw_level.strip().upper()
     if not isinstance(logging.getLevelName(level), int):
-        raise ValueError(f"environment variable GDNJIT_LOG_LEVEL: expected a logging level name, got {level!r}")
+        raise ConfigError(f"environment variable GDNJIT_LOG_LEVEL: expected a logging level name "
+                          f"(DEBUG, INFO, WARNING, ERROR, CRITICAL), got {raw_level!r}")
+    try:
+        max_bytes = parse_size("environment variable GDNJIT_CACHE_MAX_BYTES", env.get("GDNJIT_CACHE_MAX_BYTES", ""))
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     return Config(
         cache_dir=cache_dir,
         readonly_cache_dirs=ro,
@@ -128,8 +145,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         check_indices=_flag(env, "GDNJIT_CHECK_INDICES"),
         pdl=_flag(env, "GDNJIT_PDL") if env.get("GDNJIT_PDL", "").strip() else True,
         log_level=level,
-        cache_max_bytes=parse_size("environment variable GDNJIT_CACHE_MAX_BYTES",
-                                   env.get("GDNJIT_CACHE_MAX_BYTES", "")),
+        cache_max_bytes=max_bytes,
     )
 
 

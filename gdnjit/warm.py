@@ -26,6 +26,27 @@ from .variant import Variant
 KNOWN_SM_COUNTS = {90: (132, 114, 78), 100: (148,), 103: (148,), 120: (188, 170)}
 
 
+def _targets(number: int) -> tuple[str, ...]:
+    # NVRTC's names for one arch: the portable target, the arch-specific one ('a'), and from Blackwell
+    # (sm_100) on the family target ('f'); compile.check_arch's grammar, restricted to real targets
+    return (f"sm_{number}", f"sm_{number}a", *((f"sm_{number}f",) if number >= 100 else ()))
+
+
+# The targets the command line compiles for (warm, tune, render, spec show): those of the archs above,
+# the one table of supported GPUs (the runtime uses sm_90 on Hopper and sm_<N>a from Blackwell on).
+SUPPORTED_ARCHS: tuple[str, ...] = tuple(t for number in sorted(KNOWN_SM_COUNTS) for t in _targets(number))
+
+
+def check_supported_arch(arch: str, what: str | None = "--arch") -> str:
+    """``arch`` if it is one of :data:`SUPPORTED_ARCHS`, else ValueError naming ``what`` (the option or
+    source; None: no prefix), the supported targets and ``arch`` (checked before anything is planned
+    or compiled: an unsupported target would only show up as one NVRTC failure per variant)."""
+    if arch not in SUPPORTED_ARCHS:
+        prefix = f"{what}: " if what else ""
+        raise ValueError(f"{prefix}expected one of {', '.join(SUPPORTED_ARCHS)}, got {arch!r}")
+    return arch
+
+
 def sm_counts_for(arch: str) -> tuple[int, ...]:
     from .compile import check_arch
 

@@ -4,12 +4,15 @@ plus one fresh-interpreter run to time a fully cached ``warm``."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -176,8 +179,8 @@ def test_warm_bad_inputs(cache_dir, monkeypatch, tmp_path):
     rc, out, err = run_cli(["warm", "--shapes", "nope.yaml", "--arch", "sm_90"])
     assert rc == 2
     assert "gdnjit warm:" in err and "no file 'nope.yaml'" in err
-    rc, _, err = run_cli(["warm", "--shapes", "qwen35.yaml", "--arch", "sm90"])
-    assert rc == 2 and "arch" in err
+    rc, _, err = run_cli_exit(["warm", "--shapes", "qwen35.yaml", "--arch", "sm90"])
+    assert rc == 2 and "argument --arch" in err and "got 'sm90'" in err
     bad = tmp_path / "bad.yaml"
     bad.write_text((Path(cli.__file__).parent / "shapes" / "qwen35.yaml").read_text() + "bogus: 1\n")
     rc, _, err = run_cli(["warm", "--shapes", str(bad), "--arch", "sm_90"])
@@ -284,10 +287,13 @@ def test_render_params_and_tunables(cache_dir):
 
 
 def test_render_bad_input(cache_dir):
-    with pytest.raises(SystemExit, match="unknown params"):
-        run_cli(["render", "gdn", "-p", "bogus=1"])
-    with pytest.raises(SystemExit, match="expected NAME=VALUE"):
-        run_cli(["render", "gdn", "-p", "layout"])
+    rc, out, err = run_cli(["render", "gdn", "-p", "bogus=1"])
+    assert rc == 2 and out == ""
+    assert err.strip() == ("gdnjit render: --param: expected params of spec gdn (layout, K, V, T, in_dtype, "
+                           "out_dtype, state_dtype, dtb_dtype, pool, idx_dtype, same_pool, inter_dtype, "
+                           "ssm_idx_dtype, update, l2norm), got unknown ['bogus']")
+    rc, out, err = run_cli(["render", "gdn", "-p", "layout"])
+    assert rc == 2 and err.strip() == "gdnjit render: --param: expected NAME=VALUE, got 'layout'"
     rc, _, err = run_cli(["render", "gdn", "-p", "K=96"])
     assert rc == 2 and "K" in err and "96" in err
     rc, _, err = run_cli(["render", "nope"])
@@ -338,3 +344,446 @@ def test_usage_errors(cache_dir):
     with pytest.raises(SystemExit) as ei:
         run_cli(["cache", "frobnicate"])
     assert ei.value.code == 2
+
+
+# ---- bad input: one line on stderr naming the problem, status 2, no traceback, nothing written --------
+
+
+def run_cli_exit(argv: list[str]) -> tuple[int, str, str]:
+    """``run_cli``, with argparse's SystemExit (usage errors) turned into the exit status; the process-wide
+    config is re-read first (tests set GDNJIT_* variables after the ``cache_dir`` fixture ran)."""
+    set_config(None)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = cli.main(argv)
+        except SystemExit as e:
+            rc = e.code
+    return rc, out.getvalue(), err.getvalue()
+
+
+def tree(root: Path):
+    """What is at ``root``: None if nothing; the bytes of a file; else {relative path: (mode, bytes or None)}."""
+    if not os.path.lexists(root):
+        return None
+    if not root.is_dir():
+        return root.read_bytes()
+    return {str(p.relative_to(root)): (p.lstat().st_mode, p.read_bytes() if p.is_file() else None)
+            for p in sorted(root.rglob("*"))}
+
+
+def bad_input(argv: list[str], root: Path, *needles: str, status: int = 2) -> str:
+    """Run ``argv``; assert: ``status``, nothing on stdout, exactly one line on stderr containing each of
+    ``needles``, no traceback, and ``root`` (the cache dir) unchanged. Returns the line."""
+    before = tree(root)
+    rc, out, err = run_cli_exit(argv)
+    assert "Traceback" not in out + err
+    assert rc == status, (rc, out, err)
+    assert out == ""
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert tree(root) == before
+    return lines[0]
+
+
+def _fields(i: int) -> dict:
+    return {"format": 1, "gdnjit_version": "t", "spec": "s", "template": "t", "template_hash": "h",
+            "kernel_name": "k", "params": {"i": i}, "tunables": {}, "arch": "sm_90", "nvrtc_version": "13.0",
+            "options": [], "args": [], "values": {}}
+
+
+def seed_cache(root: Path, n: int) -> list[str]:
+    """``n`` small valid entries in the cache at ``root`` (no compiler involved); their names."""
+    from gdnjit.cache import cache_key
+    from gdnjit.cache.store import Built, DiskCache
+    from gdnjit.config import load_config
+
+    cache = DiskCache(load_config({"GDNJIT_CACHE_DIR": str(root)}))
+    names = []
+    for i in range(n):
+        f = _fields(i)
+        name = f"e{i}-{cache_key(f)[:32]}"
+        cache.get_or_build(name, f, lambda i=i: Built(bytes([i + 1]) * 64, {"registers": 1, "spill_bytes": 0}))
+        names.append(name)
+    return names
+
+
+def make_unwritable(d: Path, monkeypatch) -> str:
+    """Make ``d`` unwritable and return the error text expected. A normal user: chmod a-w on it and its
+    dirs. Root ignores permission bits (the chmod'ed dir stays writable for it), so there creating a file
+    under ``d`` fails as on a read-only file system instead (EROFS from tempfile.mkstemp, which the
+    cache's write check uses); either way the check must turn it into one line."""
+    dirs = [d, *(p for p in d.rglob("*") if p.is_dir())]
+    for p in dirs:
+        p.chmod(0o555)
+    try:
+        (d / ".probe").touch()
+    except PermissionError:
+        return "Permission denied"
+    (d / ".probe").unlink()
+    real = tempfile.mkstemp
+    top = d.resolve()
+
+    def mkstemp(*args, dir=None, **kwargs):
+        if dir is not None and (Path(dir).resolve() == top or top in Path(dir).resolve().parents):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(dir))
+        return real(*args, dir=dir, **kwargs)
+
+    monkeypatch.setattr(tempfile, "mkstemp", mkstemp)
+    return os.strerror(errno.EROFS)
+
+
+@pytest.fixture
+def readonly_cache(cache_dir, monkeypatch):
+    """The test's cache dir with two entries, then made unwritable; (dir, expected OS error text)."""
+    seed_cache(cache_dir, 2)
+    why = make_unwritable(cache_dir, monkeypatch)
+    yield cache_dir, why
+    for p in [cache_dir, *(p for p in cache_dir.rglob("*") if p.is_dir())]:
+        p.chmod(0o755)
+
+
+@pytest.mark.parametrize("argv", [
+    [*WARM, "-j", "1"],
+    ["cache", "clear"],
+    ["cache", "verify", "--repair"],
+    ["cache", "evict", "--max-bytes", "1"],
+    ["cache", "import", "ARCHIVE"],
+], ids=["warm", "clear", "verify-repair", "evict", "import"])
+def test_readonly_cache_dir(readonly_cache, tmp_path, argv):
+    d, why = readonly_cache
+    archive = tmp_path / "other.tar.gz"
+    if "ARCHIVE" in argv:  # a good archive: only the cache dir is wrong
+        from gdnjit.cache.store import DiskCache
+        from gdnjit.config import load_config
+
+        seed_cache(tmp_path / "other", 3)
+        DiskCache(load_config({"GDNJIT_CACHE_DIR": str(tmp_path / "other")})).export(archive)
+    argv = [str(archive) if a == "ARCHIVE" else a for a in argv]
+    line = bad_input(argv, d, f"gdnjit {argv[0]}: GDNJIT_CACHE_DIR: expected a writable directory, got '{d}'", why)
+    assert line == (f"gdnjit {argv[0]}: GDNJIT_CACHE_DIR: expected a writable directory, got '{d}' "
+                    f"(cannot create a file in it: {why})")
+
+
+def test_readonly_cache_dir_dry_run_still_works(readonly_cache):
+    d, _ = readonly_cache
+    before = tree(d)
+    rc, out, err = run_cli_exit([*WARM, "--dry-run"])
+    assert rc == 0 and err == "" and out.strip().endswith("on sm_90")
+    assert tree(d) == before
+
+
+@pytest.mark.parametrize("argv", [
+    WARM, [*WARM, "--dry-run"], ["cache", "ls"], ["cache", "verify"], ["cache", "clear"], ["list"],
+    ["cache", "export", "OUT"],
+], ids=["warm", "warm-dry-run", "ls", "verify", "clear", "list", "export"])
+@pytest.mark.parametrize("under", [False, True], ids=["file", "under-a-file"])
+def test_cache_dir_is_a_regular_file(tmp_path, monkeypatch, argv, under):
+    f = tmp_path / "cachefile"
+    f.write_text("not a directory\n")
+    d = f / "cache" if under else f
+    _clean_env(monkeypatch, d)
+    argv = [str(tmp_path / "x.tar.gz") if a == "OUT" else a for a in argv]
+    problem = f"it lies under '{f}', which is not a directory" if under else "it is not a directory"
+    line = bad_input(argv, f, f"GDNJIT_CACHE_DIR: expected a directory, got '{d}'")
+    assert line == f"gdnjit {argv[0]}: GDNJIT_CACHE_DIR: expected a directory, got '{d}' ({problem})"
+    assert not (tmp_path / "x.tar.gz").exists()
+
+
+def _not_gzip(p: Path) -> None:
+    p.write_text("this is not an archive\n")
+
+
+def _plain_tar(p: Path) -> None:  # a tar, but not gzipped
+    with tarfile.open(p, "w") as tar:
+        info = tarfile.TarInfo("x.json")
+        tar.addfile(info, io.BytesIO(b""))
+
+
+def _truncated(p: Path) -> None:
+    seed_cache(p.parent / "src", 2)
+    from gdnjit.cache.store import DiskCache
+    from gdnjit.config import load_config
+
+    DiskCache(load_config({"GDNJIT_CACHE_DIR": str(p.parent / "src")})).export(p)
+    p.write_bytes(p.read_bytes()[:40])
+
+
+@pytest.mark.parametrize("make, got", [
+    (_not_gzip, "got one that cannot be read (not a gzip file)"),
+    (_plain_tar, "got one that cannot be read (not a gzip file)"),
+    (_truncated, "got one that cannot be read ("),
+    (None, "got no such file"),
+    (Path.mkdir, "got a directory"),
+], ids=["text", "plain-tar", "truncated", "missing", "directory"])
+def test_cache_import_not_an_archive(cache_dir, tmp_path, make, got):
+    seed_cache(cache_dir, 1)
+    archive = tmp_path / "in.tar.gz"
+    if make is not None:
+        make(archive)
+    line = bad_input(["cache", "import", str(archive)], cache_dir, got)
+    assert line.startswith(f"gdnjit cache: archive '{archive}': expected a .tar.gz file made by "
+                           f"`gdnjit cache export`, got ")
+
+
+@pytest.mark.parametrize("where, got", [
+    ("nodir/x.tar.gz", "got '{tmp}/nodir', which is missing"),
+    ("afile/x.tar.gz", "got '{tmp}/afile', which is not a directory"),
+    ("adir", "expected a file path, got a directory"),
+])
+def test_cache_export_into_missing_dir(cache_dir, tmp_path, where, got):
+    seed_cache(cache_dir, 1)
+    (tmp_path / "afile").write_text("x")
+    (tmp_path / "adir").mkdir()
+    out = tmp_path / where
+    others = tree(tmp_path / "adir"), tree(tmp_path / "afile")
+    line = bad_input(["cache", "export", str(out)], cache_dir, got.format(tmp=tmp_path))
+    assert line.startswith(f"gdnjit cache: archive '{out}': expected a ")
+    assert (tree(tmp_path / "adir"), tree(tmp_path / "afile")) == others
+    assert not (tmp_path / "nodir").exists()
+
+
+def test_export_writes_nothing_when_it_fails(cache_dir, tmp_path, monkeypatch):
+    """A failure while the archive is written (here: a cubin that cannot be read) leaves no file."""
+    seed_cache(cache_dir, 2)
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setattr(tarfile.TarFile, "add", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    from gdnjit.cache.store import DiskCache
+    from gdnjit.config import load_config
+
+    with pytest.raises(OSError):
+        DiskCache(load_config({"GDNJIT_CACHE_DIR": str(cache_dir)})).export(out / "x.tar.gz")
+    assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["dry-run-mid-output", "verbose-at-flush"])
+def test_closed_stdout_ends_quietly(warm_copy, verbose):
+    """``gdnjit warm ... | head``: the reader goes away; no traceback, the shell's status for SIGPIPE.
+    A dry run fills the pipe (the error comes mid-print); the -v table of a cached warm fits in the
+    buffer (the error comes at the final flush)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GDNJIT_")}
+    env["GDNJIT_CACHE_DIR"] = str(warm_copy)
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    argv = [*WARM, "-v"] if verbose else [*WARM, "--dry-run"]
+    proc = subprocess.Popen([sys.executable, "-m", "gdnjit.cli", *argv], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the child has written a byte (it is still importing)
+    err = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == 141, err
+    assert "Traceback" not in err and "BrokenPipe" not in err and "Exception ignored" not in err
+    if not verbose:
+        assert err == ""
+
+
+def test_supported_archs_come_from_the_sm_table():
+    from gdnjit.warm import KNOWN_SM_COUNTS, SUPPORTED_ARCHS
+
+    assert {"sm_90", "sm_90a", "sm_100a", "sm_103a", "sm_120a"} <= set(SUPPORTED_ARCHS)
+    assert {int(a[3:].rstrip("af")) for a in SUPPORTED_ARCHS} == set(KNOWN_SM_COUNTS)
+    assert not {"sm_42", "sm_70", "sm_80", "sm_90f"} & set(SUPPORTED_ARCHS)
+
+
+@pytest.mark.parametrize("argv, arch", [
+    (["warm", "--shapes", "qwen35.yaml", "--arch", "sm_42", "--num-sms", "132"], "sm_42"),
+    (["warm", "--shapes", "qwen35.yaml", "--arch", "sm_70", "--num-sms", "132", "-j", "1"], "sm_70"),
+    (["warm", "--shapes", "qwen35.yaml", "--arch", "sm_90", "--arch", "sm_80"], "sm_80"),
+    (["render", "gdn", "--arch", "sm_70"], "sm_70"),
+    (["spec", "show", "gdn", "--B", "1", "--arch", "sm_42"], "sm_42"),
+], ids=["warm-sm_42", "warm-sm_70", "warm-second", "render", "spec-show"])
+def test_unsupported_arch(cache_dir, argv, arch):
+    from gdnjit.warm import SUPPORTED_ARCHS
+
+    line = bad_input(argv, cache_dir)
+    assert line == (f"gdnjit {argv[0]}: argument --arch: expected one of {', '.join(SUPPORTED_ARCHS)}, "
+                    f"got '{arch}' (see gdnjit {argv[0]} --help)")
+
+
+def test_unsupported_local_arch(cache_dir, monkeypatch):
+    """Without --arch, warm uses the local GPU's arch, and tune always does: checked the same way."""
+    from gdnjit import kernels
+    from gdnjit.warm import SUPPORTED_ARCHS
+
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(cli, "_local_arch", lambda: "sm_80")
+    line = bad_input(["warm", "--shapes", "qwen35.yaml"], cache_dir)
+    assert line == ("gdnjit warm: the local GPU's arch (pass --arch to warm for another): expected one of "
+                    f"{', '.join(SUPPORTED_ARCHS)}, got 'sm_80'")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(kernels, "device_info", lambda i: kernels.DeviceInfo(i, "NVIDIA A100", "sm_80", 108))
+    line = bad_input(["tune", "--shapes", "qwen35.yaml"], cache_dir)
+    assert line == f"gdnjit tune: the local GPU's arch: expected one of {', '.join(SUPPORTED_ARCHS)}, got 'sm_80'"
+
+
+@pytest.mark.parametrize("argv, option, value, expected", [
+    ([*WARM, "--num-sms", "-5"], "--num-sms", "-5", "a positive integer"),
+    ([*WARM, "--num-sms", "0"], "--num-sms", "0", "a positive integer"),
+    ([*WARM, "-j", "-3"], "-j/--jobs", "-3", "a positive integer"),
+    ([*WARM, "-j", "0"], "-j/--jobs", "0", "a positive integer"),
+    (["render", "gdn", "--B", "-4"], "--B", "-4", "a positive integer"),
+    (["render", "gdn", "--H", "0"], "--H", "0", "a positive integer"),
+    (["render", "gdn", "--HV", "-32"], "--HV", "-32", "a positive integer"),
+    (["render", "gdn", "--num-sms", "many"], "--num-sms", "many", "a positive integer"),
+    (["spec", "show", "gdn", "--B", "-4"], "--B", "-4", "a positive integer"),
+    (["tune", "--shapes", "qwen35.yaml", "--b", "1", "-2"], "--b", "-2", "a positive integer"),
+    (["tune", "--shapes", "qwen35.yaml", "--b", "0"], "--b", "0", "a positive integer"),
+    (["tune", "--shapes", "qwen35.yaml", "--max-problems", "-1"], "--max-problems", "-1", "an integer >= 0"),
+])
+def test_counts_must_be_positive(cache_dir, argv, option, value, expected):
+    line = bad_input(argv, cache_dir)
+    assert line == (f"gdnjit {argv[0]}: argument {option}: expected {expected}, got '{value}' "
+                    f"(see gdnjit {argv[0]} --help)")
+
+
+def _archive(path: Path, members: dict[str, bytes], dot: bool = False) -> None:
+    with tarfile.open(path, "w:gz") as tar:
+        if dot:  # what `tar -C dir -czf x.tar.gz .` writes first
+            info = tarfile.TarInfo(".")
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+        for name, data in members.items():
+            info = tarfile.TarInfo(f"./{name}" if dot else name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+
+
+def test_cache_import_dot_slash_members(cache_dir, tmp_path):
+    """An archive made with ``tar -C entries -czf x.tar.gz .`` (members ``./<name>.cubin``) imports."""
+    names = seed_cache(tmp_path / "src", 2)
+    src = tmp_path / "src" / ENTRY_DIR
+    archive = tmp_path / "dot.tar.gz"
+    _archive(archive, {p.name: p.read_bytes() for p in sorted(src.iterdir())}, dot=True)
+    rc, out, err = run_cli_exit(["cache", "import", str(archive)])
+    assert rc == 0, err
+    assert out.strip() == f"imported 2 entries into {cache_dir / ENTRY_DIR} (0 invalid skipped)"
+    assert {p.name for p in (cache_dir / ENTRY_DIR).iterdir()} == {p.name for p in src.iterdir()}
+    rc, out, _ = run_cli_exit(["cache", "verify"])
+    assert rc == 0 and out.strip() == f"{len(names)} entries checked in {cache_dir / ENTRY_DIR}, 0 bad"
+
+
+@pytest.mark.parametrize("content", ["no-entries", "only-invalid", "empty-export"])
+def test_cache_import_without_entries_is_an_error(cache_dir, tmp_path, content):
+    archive = tmp_path / "x.tar.gz"
+    if content == "no-entries":
+        _archive(archive, {"README": b"hello", "sub/e-0.json": b"{}"}, dot=True)
+        invalid = 0
+    elif content == "only-invalid":
+        name = seed_cache(tmp_path / "src", 1)[0]
+        cubin = (tmp_path / "src" / ENTRY_DIR / f"{name}.cubin").read_bytes()
+        _archive(archive, {f"{name}.cubin": cubin[:-1], f"{name}.json":
+                           (tmp_path / "src" / ENTRY_DIR / f"{name}.json").read_bytes()})
+        invalid = 1
+    else:
+        from gdnjit.cache.store import DiskCache
+        from gdnjit.config import load_config
+
+        assert DiskCache(load_config({"GDNJIT_CACHE_DIR": str(tmp_path / "empty")})).export(archive) == 0
+        invalid = 0
+    line = bad_input(["cache", "import", str(archive)], cache_dir)
+    assert line == (f"gdnjit cache: archive '{archive}': expected cache entries (<name>.cubin + <name>.json "
+                    f"pairs, as `gdnjit cache export` writes them), got none that is valid ({invalid} invalid); "
+                    f"nothing imported")
+
+
+@pytest.mark.parametrize("target, message", [
+    ("nofile.yaml", "spec file 'nofile.yaml': no such file"),
+    ("nofile.yml", "spec file 'nofile.yml': no such file"),
+    ("specs/gdn", "spec file 'specs/gdn': no such file"),
+    ("adir", "spec file 'adir': expected a YAML file, got a directory"),
+    ("nospec", "'nospec': expected a spec file or a shipped spec name (gdn, nvfp4_quantize), got neither "
+               "(no such file, no such spec)"),
+])
+def test_spec_validate_missing_target(cache_dir, tmp_path, monkeypatch, target, message):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "adir").mkdir()
+    line = bad_input(["spec", "validate", target], cache_dir)
+    assert line == f"gdnjit spec: {message}"
+
+
+@pytest.mark.parametrize("name, value, message", [
+    ("GDNJIT_PDL", "sometimes", "expected one of 1/0/true/false, got 'sometimes'"),
+    ("GDNJIT_DISABLE_JIT", "maybe", "expected one of 1/0/true/false, got 'maybe'"),
+    ("GDNJIT_LOCK_TIMEOUT", "soon", "expected seconds (a number >= 0), got 'soon'"),
+    ("GDNJIT_LOCK_TIMEOUT", "-1", "expected seconds (a number >= 0), got '-1'"),
+    ("GDNJIT_LOCK_TIMEOUT", "nan", "expected seconds (a number >= 0), got 'nan'"),
+    ("GDNJIT_LOG_LEVEL", "loud", "expected a logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL), "
+                                 "got 'loud'"),
+    ("GDNJIT_CACHE_MAX_BYTES", "lots", "expected a size in bytes"),
+])
+@pytest.mark.parametrize("argv", [["list"], ["render", "gdn"], [*WARM, "--dry-run"], ["cache", "ls"]],
+                         ids=["list", "render", "warm", "cache-ls"])
+def test_bad_environment_variable(cache_dir, monkeypatch, name, value, message, argv):
+    """Checked before any output, whatever the command (``list`` used to print the specs first)."""
+    monkeypatch.setenv(name, value)
+    line = bad_input(argv, cache_dir)
+    assert line.startswith(f"gdnjit {argv[0]}: environment variable {name}: {message}")
+
+
+def test_bad_environment_variable_subprocess(tmp_path):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GDNJIT_")}
+    env.update(GDNJIT_CACHE_DIR=str(tmp_path / "cache"), GDNJIT_PDL="sometimes")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    proc = subprocess.run([sys.executable, "-m", "gdnjit.cli", "list"], cwd=REPO, env=env, capture_output=True,
+                          text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("gdnjit list: environment variable GDNJIT_PDL: expected one of 1/0/true/false, "
+                           "got 'sometimes'\n")
+    assert not (tmp_path / "cache").exists()
+
+
+# ---- warm: spills are reported; --strict ------------------------------------------------------------
+
+
+def _fake_warm(spill_index: int | None, fail_index: int | None = None):
+    from gdnjit.warm import WarmResult
+
+    def fake(variants, config, jobs=None, on_done=None):
+        out = []
+        for i, v in enumerate(variants):
+            meta = {"registers": 255 if i == spill_index else 64, "spill_bytes": 24 if i == spill_index else 0}
+            if i == fail_index:
+                out.append(WarmResult(v, "failed", 0.0, {}, "// source and log"))
+            else:
+                out.append(WarmResult(v, "cached", 0.0, meta))
+        return out
+
+    return fake
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["default", "strict"])
+def test_warm_reports_each_spilling_variant(cache_dir, planned, monkeypatch, strict):
+    import gdnjit.warm
+
+    monkeypatch.setattr(gdnjit.warm, "warm", _fake_warm(spill_index=2))
+    rc, out, err = run_cli_exit([*WARM, *(["--strict"] if strict else [])])
+    v = planned[2]
+    warning = f"gdnjit warm: warning: variant {v.name} spills 24 bytes (255 registers): {v.describe()}"
+    assert warning in err.splitlines()
+    assert "1 with spills" in out and "Traceback" not in err
+    if strict:
+        assert rc == 1
+        assert err.splitlines()[-1] == "gdnjit warm: --strict: 1 variant(s) spill registers (listed above)"
+    else:
+        assert rc == 0 and err.splitlines() == [warning]
+
+
+def test_warm_strict_without_spills_passes_and_failures_fail(cache_dir, monkeypatch):
+    import gdnjit.warm
+
+    monkeypatch.setattr(gdnjit.warm, "warm", _fake_warm(spill_index=None))
+    rc, out, err = run_cli_exit([*WARM, "--strict"])
+    assert rc == 0 and err == "" and "0 with spills" in out
+    monkeypatch.setattr(gdnjit.warm, "warm", _fake_warm(spill_index=None, fail_index=0))
+    rc, out, err = run_cli_exit([*WARM, "--strict"])
+    assert rc == 1 and "1 failed" in out and err.startswith("FAILED ")
+
+
+def test_warm_help_documents_strict(capsys):
+    with pytest.raises(SystemExit) as ei:
+        cli.main(["warm", "--help"])
+    assert ei.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "--strict exit with status 1 if any variant spills registers" in text

@@ -23,9 +23,11 @@ import hashlib
 import json
 import logging
 import os
+import stat
 import tarfile
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -38,6 +40,17 @@ from .key import CACHE_FORMAT, cache_key
 log = logging.getLogger("gdnjit.cache")
 ENTRY_DIR = "entries"
 _warned: set[str] = set()
+
+
+class CacheDirError(OSError):
+    """A configured cache directory cannot be used: it is not a directory (or runs through a regular
+    file), or it cannot be written. The message names the variable, the path and the OS error, on one
+    line. An OSError, so callers that catch OSError around cache work still do."""
+
+
+class ArchiveError(ValueError):
+    """A cache archive (``export`` / ``import_``) cannot be written or read, or holds no entries.
+    The message names the archive path, what was expected and what was found, on one line."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +129,53 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _dir_error(var: str, directory: Path, expected: str, problem: str) -> CacheDirError:
+    return CacheDirError(f"{var}: expected {expected}, got {str(directory)!r} ({problem})")
+
+
+def _check_is_dir(directory: Path, var: str) -> None:
+    """CacheDirError unless ``directory`` is a directory or could become one (its nearest existing
+    ancestor is a directory)."""
+    p = directory
+    while True:
+        try:
+            st = p.stat()
+        except (FileNotFoundError, NotADirectoryError):  # not there (yet), or under a file: look higher
+            if p.parent == p:
+                return
+            p = p.parent
+            continue
+        except OSError as e:  # EACCES (a parent cannot be searched), ELOOP, ...
+            raise _dir_error(var, directory, "a directory", f"cannot access {str(p)!r}: {e.strerror}") from None
+        if stat.S_ISDIR(st.st_mode):
+            return
+        what = "is" if p == directory else f"lies under {str(p)!r}, which is"
+        raise _dir_error(var, directory, "a directory", f"it {what} not a directory")
+
+
+def _make_dir(directory: Path, var: str) -> None:
+    """``mkdir -p``, an OSError becoming a CacheDirError naming ``var``."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        where = f" {str(e.filename)!r}" if e.filename else ""
+        raise _dir_error(var, directory, "a writable directory", f"cannot create{where}: {e.strerror}") from None
+
+
+def _probe_write(directory: Path, var: str, configured: Path | None = None) -> None:
+    """Create and remove a temp file in ``directory`` (``configured`` or an ancestor of it, which
+    the error names); CacheDirError if that fails."""
+    configured = configured or directory
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-probe-")
+    except OSError as e:
+        where = "in it" if configured == directory else f"in {str(directory)!r}"
+        raise _dir_error(var, configured, "a writable directory",
+                         f"cannot create a file {where}: {e.strerror}") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
 def read_entry(directory: Path, name: str, key: str) -> tuple[Entry | None, str | None]:
     """(entry, None) if a valid entry is there; (None, reason) if absent (reason None) or invalid."""
     meta_path = directory / f"{name}.json"
@@ -151,6 +211,48 @@ class DiskCache:
         self.dir = config.cache_dir / ENTRY_DIR
         self.readonly = tuple(d / ENTRY_DIR for d in config.readonly_cache_dirs)
 
+    # ---- usability of the configured dirs ---------------------------------------------------
+
+    def _dirs(self) -> list[tuple[Path, str, bool]]:
+        """(directory, the variable that configures it, writable?) for each dir this cache uses."""
+        cfg = self.config
+        lock_var = "GDNJIT_LOCK_DIR" if cfg.lock_dir is not None else "GDNJIT_CACHE_DIR"
+        return [
+            (cfg.cache_dir, "GDNJIT_CACHE_DIR", True),
+            (self.dir, "GDNJIT_CACHE_DIR", True),
+            (cfg.effective_lock_dir, lock_var, True),
+            *((d, "GDNJIT_READONLY_CACHE_DIRS", False) for d in (*cfg.readonly_cache_dirs, *self.readonly)),
+        ]
+
+    def check(self, write: bool = False, create: bool = False) -> None:
+        """Raise :class:`CacheDirError` (one line: variable, path, what is wrong) unless the cache dirs
+        are usable, before any work starts (otherwise the failure shows up late: a worker's
+        NotADirectoryError, a PermissionError mid-warm, or "0 entries" from a cache dir that is a file).
+
+        Always: each configured dir that exists is a directory, and a missing one could be created
+        (its nearest existing ancestor is a directory). With ``write``: the writable cache dir, its
+        entry dir and the lock dir, where they exist, accept a new file (one is created and removed,
+        so this also holds for root, who ignores permission bits but not a read-only file system);
+        with ``create`` too, the missing ones are then made (as a compile would make them), after
+        the nearest existing ancestor of each passed the same test, so a failing check writes nothing.
+        Read-only dirs are never written, so only their type is checked.
+        """
+        dirs = self._dirs()
+        for directory, var, _ in dirs:
+            _check_is_dir(directory, var)
+        if not write:
+            return
+        writable = [(d, var) for d, var, w in dirs if w]
+        for directory, var in writable:
+            if directory.is_dir():
+                _probe_write(directory, var)
+            elif create:
+                parent = next(p for p in directory.parents if p.is_dir())  # exists: _check_is_dir passed
+                _probe_write(parent, var, directory)
+        if create:
+            for directory, var in writable:
+                _make_dir(directory, var)
+
     def lookup(self, name: str, key: str) -> Entry | None:
         """A valid entry from the read-only dirs, then the writable dir; None on a miss."""
         for directory, origin in [*((d, "readonly") for d in self.readonly), (self.dir, "disk")]:
@@ -178,9 +280,9 @@ class DiskCache:
             )
         if cfg.disable_disk_cache:
             return self._entry_from(name, key, fields, build(), origin="built")
-        self.dir.mkdir(parents=True, exist_ok=True)
+        _make_dir(self.dir, "GDNJIT_CACHE_DIR")
         lock_dir = cfg.effective_lock_dir
-        lock_dir.mkdir(parents=True, exist_ok=True)
+        _make_dir(lock_dir, "GDNJIT_LOCK_DIR" if cfg.lock_dir is not None else "GDNJIT_CACHE_DIR")
         lock_path = lock_dir / f"{name}.lock"
         try:
             with filelock.FileLock(str(lock_path), timeout=cfg.lock_timeout_s):
@@ -337,32 +439,72 @@ class DiskCache:
         return n
 
     def export(self, path: Path) -> int:
-        """Write every valid entry (cubin + sidecar) to a ``.tar.gz`` at ``path``; returns the entry count."""
+        """Write every valid entry (cubin + sidecar) to a ``.tar.gz`` at ``path``; returns the entry count.
+
+        The archive is written to a temp file next to ``path`` and renamed at the end, so a failed
+        export leaves nothing behind; raises :class:`ArchiveError` if ``path`` cannot be written
+        (e.g. its directory does not exist)."""
+        path = Path(path)
+        parent = path.parent
+        if not parent.is_dir():
+            raise ArchiveError(f"archive {str(path)!r}: expected a file path in an existing directory, "
+                               f"got {str(parent)!r}, which is {'not a directory' if parent.exists() else 'missing'}")
+        if path.is_dir():
+            raise ArchiveError(f"archive {str(path)!r}: expected a file path, got a directory")
+        tmp = parent / f".tmp-{path.name}-{os.getpid()}-{os.urandom(4).hex()}"
+        try:
+            f = open(tmp, "xb")  # not mkstemp: the archive gets the umask's mode, as a plain open would
+        except OSError as e:
+            raise ArchiveError(f"archive {str(path)!r}: expected a writable directory, got {str(parent)!r} "
+                               f"({e.strerror})") from None
         n = 0
-        with tarfile.open(path, "w:gz") as tar:
-            for name, meta in self.list_entries():
-                key = meta.get("key") if meta else None
-                entry, _ = read_entry(self.dir, name, key) if isinstance(key, str) else (None, None)
-                if entry is None or not name.endswith("-" + key[:32]):
-                    continue
-                for suffix in (".cubin", ".json"):
-                    tar.add(self.dir / f"{name}{suffix}", arcname=f"{name}{suffix}")
-                n += 1
+        try:
+            with f, tarfile.open(str(path), mode="w:gz", fileobj=f) as tar:
+                for name, meta in self.list_entries():
+                    key = meta.get("key") if meta else None
+                    entry, _ = read_entry(self.dir, name, key) if isinstance(key, str) else (None, None)
+                    if entry is None or not name.endswith("-" + key[:32]):
+                        continue
+                    for suffix in (".cubin", ".json"):
+                        tar.add(self.dir / f"{name}{suffix}", arcname=f"{name}{suffix}")
+                    n += 1
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
         return n
 
-    def import_(self, path: Path) -> tuple[int, int]:
-        """Add the entries of an exported archive to the writable dir (each verified, published
-        atomically); returns (imported, skipped as invalid)."""
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def read_archive(self, path: Path) -> tuple[dict[str, tuple[bytes, bytes]], int]:
+        """The valid entries of an exported archive, ``{name: (cubin, sidecar)}``, and how many entries
+        were invalid (skipped). Members are flat entry files (``<name>.cubin``, ``<name>.json``); a
+        leading ``./`` (``tar -C dir -czf x.tar.gz .``) is dropped; paths, links and dot files are
+        ignored. Raises :class:`ArchiveError` if ``path`` is missing or not a gzipped tar."""
+        path = Path(path)
+        if not path.is_file():
+            found = "a directory" if path.is_dir() else "no such file" if not path.exists() else "not a regular file"
+            raise ArchiveError(f"archive {str(path)!r}: expected a .tar.gz file made by `gdnjit cache export`, "
+                               f"got {found}")
         files: dict[str, bytes] = {}
-        with tarfile.open(path, "r:gz") as tar:
-            for member in tar.getmembers():
-                base = os.path.basename(member.name)
-                if not member.isfile() or base != member.name or base.startswith(".") \
-                        or not base.endswith((".cubin", ".json")):
-                    continue  # only flat entry files: no paths, links or traversal
-                files[base] = tar.extractfile(member).read()
-        imported = skipped = 0
+        try:
+            with tarfile.open(path, "r:gz") as tar:
+                for member in tar.getmembers():
+                    name = member.name
+                    while name.startswith("./"):
+                        name = name[2:]
+                    base = os.path.basename(name)
+                    if not member.isfile() or base != name or base.startswith(".") \
+                            or not base.endswith((".cubin", ".json")):
+                        continue  # only flat entry files: no paths, links or traversal
+                    files[base] = tar.extractfile(member).read()
+        except (tarfile.TarError, EOFError, zlib.error, OSError) as e:  # OSError: gzip.BadGzipFile, EIO, ...
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
+            raise ArchiveError(f"archive {str(path)!r}: expected a .tar.gz file made by `gdnjit cache export`, "
+                               f"got one that cannot be read ({why})") from None
+        good: dict[str, tuple[bytes, bytes]] = {}
+        skipped = 0
         for fname in sorted(f for f in files if f.endswith(".json")):
             name = fname[:-5]
             try:
@@ -374,10 +516,26 @@ class DiskCache:
                       and hashlib.sha256(cubin).hexdigest() == meta.get("cubin_sha256"))
             except (ValueError, KeyError):
                 ok = False
-            if not ok:
+            if ok:
+                good[name] = (cubin, files[fname])
+            else:
                 skipped += 1
-                continue
+        return good, skipped
+
+    def import_(self, path: Path) -> tuple[int, int]:
+        """Add the entries of an exported archive to the writable dir (each verified, published
+        atomically); returns (imported, skipped as invalid). The archive is read and checked before
+        anything is written: a bad archive (:class:`ArchiveError`) or one without valid entries
+        changes nothing."""
+        good, skipped = self.read_archive(path)
+        return self.add_entries(good), skipped
+
+    def add_entries(self, entries: Mapping[str, tuple[bytes, bytes]]) -> int:
+        """Publish entries from :meth:`read_archive` (cubin, then sidecar, each atomically) into the
+        writable dir, made if missing; returns how many."""
+        if entries:
+            _make_dir(self.dir, "GDNJIT_CACHE_DIR")
+        for name, (cubin, sidecar) in entries.items():
             _atomic_write(self.dir / f"{name}.cubin", cubin)
-            _atomic_write(self.dir / f"{name}.json", files[fname])
-            imported += 1
-        return imported, skipped
+            _atomic_write(self.dir / f"{name}.json", sidecar)
+        return len(entries)
