@@ -24,7 +24,7 @@ def select(
     tuned: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, Any], Rule | None]:
     """(tunables, the rule that chose them or None when they came from ``tuned``)."""
-    if tuned is not None and not spec.violations(params, tuned):
+    if tuned is not None and spec.valid(params, tuned):
         return dict(tuned), None
     context = dict(params)
     context.update(facts)
@@ -32,7 +32,7 @@ def select(
         if rule.when is not None and not _expr.evaluate(rule.when, context):
             continue
         use = dict(rule.use)
-        if not spec.violations(params, use):
+        if spec.valid(params, use):
             return use, rule
     raise DispatchError(f"spec {spec.name}: no rule gives valid tunables for {dict(params)} with {dict(facts)}")
 

@@ -23,7 +23,8 @@ import dataclasses
 import functools
 import itertools
 from pathlib import Path
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from . import expr as _expr
 from .errors import SpecError
@@ -72,6 +73,14 @@ class Spec:
     launch: tuple[tuple[str, str], ...]
     args: tuple[tuple[str, str], ...]
     file: str
+
+    def __hash__(self) -> int:
+        # memoised: a spec keys the validity caches, which hash it once per candidate checked
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     @property
     def param_names(self) -> tuple[str, ...]:
@@ -129,6 +138,12 @@ class Spec:
                 bad.append(f"{c.expr} ({c.why})")
         return bad
 
+    def valid(self, params: Mapping[str, Any], tunables: Mapping[str, Any]) -> bool:
+        """``not self.violations(params, tunables)``, decided at the first broken constraint: the derived
+        values are computed only as the constraints read them (the candidate searches of dispatch, tune
+        and warm reject most combinations on a constraint that reads no derived value)."""
+        return _valid(self, tuple(params.items()), tuple(tunables.items()))
+
     def all_tunable_choices(self) -> list[dict[str, Any]]:
         """Every combination of tunable values (valid or not)."""
         names = self.tunable_names
@@ -138,6 +153,45 @@ class Spec:
 @functools.lru_cache(maxsize=65536)
 def _violations(spec: Spec, params: tuple, tunables: tuple) -> tuple[str, ...]:
     return tuple(spec._violations(dict(params), dict(tunables)))
+
+
+class _LazyValues(Mapping):
+    """params + tunables, with each derived value computed when first read (a derived expression reads
+    only params, tunables and earlier derived values: parse_spec checks that, so there is no cycle)."""
+
+    def __init__(self, spec: Spec, params: tuple, tunables: tuple):
+        self._values = dict(params)
+        self._values.update(tunables)
+        self._derived = dict(spec.derived)
+
+    def __getitem__(self, name: str) -> Any:
+        if name not in self._values:
+            if name not in self._derived:
+                raise KeyError(name)
+            self._values[name] = _expr.evaluate(self._derived[name], self)
+        return self._values[name]
+
+    def __iter__(self):
+        return iter(dict.fromkeys([*self._values, *self._derived]))
+
+    def __len__(self) -> int:
+        return len(set(self._values) | set(self._derived))
+
+
+@functools.lru_cache(maxsize=65536)
+def _valid(spec: Spec, params: tuple, tunables: tuple) -> bool:
+    given = dict(tunables)
+    if any(given.get(n) not in vals for n, vals in spec.tunables):
+        return False
+    values = _LazyValues(spec, params, tunables)
+    try:
+        if not all(_expr.evaluate(c.expr, values) for c in spec.constraints):
+            return False
+        for n in values:  # every derived value must evaluate, as in violations()
+            values[n]
+    except _expr.ExprError:
+        return False
+    return True
 
 
 def _line(node: Any, sub: Any) -> int | None:
@@ -339,7 +393,7 @@ def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
     defaults = {n: v[0] for n, v in spec.params}
     for combo in itertools.product(*pvals):
         params = dict(defaults, **dict(zip(pnames, combo)))
-        if not any(not spec.violations(params, dict(r.use)) for r in fallbacks):
+        if not any(spec.valid(params, dict(r.use)) for r in fallbacks):
             shown = ", ".join(f"{n}={v!r}" for n, v in zip(pnames, combo))
             raise _err(spec.file, "rules", f"no fallback rule (without `when`) is valid for {shown}", rules_doc)
 

@@ -79,7 +79,7 @@ def candidate_tunables(spec, params: dict[str, Any], where: str | None,
                        always: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The valid tunable choices for ``params`` for which ``where`` (an expression over params and
     tunables; None: all) holds, then those of ``always`` (the rules' choices) not yet among them."""
-    out = [t for t in spec.all_tunable_choices() if not spec.violations(params, t)
+    out = [t for t in spec.all_tunable_choices() if spec.valid(params, t)
            and (where is None or _expr.evaluate(where, {**params, **t}))]
     for t in always:
         if t not in out:

@@ -75,7 +75,7 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
                     choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts})[0]]
                     for table in tables:
                         t = table.lookup(spec.name, params, facts)
-                        if t is not None and not spec.violations(params, t):
+                        if t is not None and spec.valid(params, t):
                             choices.append(t)
                     for tunables in choices:
                         # sorted: a rule's tunables come in spec order, a tuned table's in JSON key order

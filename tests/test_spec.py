@@ -737,6 +737,35 @@ def test_violations_tunable_not_allowed():
     assert bad and "tunable ilp" in bad[0] and "None" in bad[0]
 
 
+@pytest.mark.parametrize("name", list_specs())
+def test_valid_is_not_violations(name):
+    """``Spec.valid`` (first broken constraint, derived values on demand) decides exactly as ``violations``:
+    on every rule's tunables and on random candidates, over random params of every shipped spec, plus
+    a tunable missing or out of range."""
+    spec = get_spec(name)
+    rnd = random.Random(11)
+    choices = spec.all_tunable_choices()
+    uses = [dict(r.use) for r in spec.rules]
+    seen = {True: 0, False: 0}
+    for i in range(3000):
+        params = {n: rnd.choice(v) for n, v in spec.params}
+        tunables = dict(rnd.choice(uses) if i % 2 else rnd.choice(choices))
+        if i % 97 == 0:
+            tunables[rnd.choice(spec.tunable_names)] = 3.5
+        if i % 89 == 0:
+            del tunables[rnd.choice(spec.tunable_names)]
+        want = not spec.violations(params, tunables)
+        assert spec.valid(params, tunables) is want, (params, tunables)
+        seen[want] += 1
+    assert min(seen.values()) > 100
+
+
+def test_spec_hash_is_memoised_and_equal_specs_hash_alike():
+    a, b = get_spec("gdn"), load_spec_file(SPEC_DIR / "gdn.yaml")
+    assert a is not b and a == b and hash(a) == hash(b) == hash(a)
+    assert hash(get_spec("nvfp4_quantize")) != hash(a)
+
+
 def test_all_tunable_choices():
     spec = get_spec("gdn")
     choices = spec.all_tunable_choices()
