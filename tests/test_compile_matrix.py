@@ -4,12 +4,14 @@ every fallback rule compiles for sm_90 with no spills, no stack frame and no war
 Covering set: layout x K x V x state_dtype x T in {1, 8, 16}; the other params are drawn
 deterministically so that each of their values appears at least once; facts B in {1, 512},
 H=16, HV=64, num_sms=132. Variants are deduplicated and compiled directly (``Variant.build``,
-no cache) by a pool of 2 threads (NVRTC releases the GIL).
+no cache) by a pool of 2 threads (NVRTC releases the GIL). The sets are built by session fixtures,
+not at import: enumerating them takes ~500k constraint checks, which collection must not pay.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import itertools
 import random
 import time
@@ -49,7 +51,9 @@ def covering_params() -> list[dict]:
     return out
 
 
-PARAMS = covering_params()
+@functools.cache
+def _params() -> tuple[dict, ...]:
+    return tuple(covering_params())
 
 
 def _variant(params: dict, tunables: dict) -> Variant:
@@ -65,7 +69,7 @@ def _dedup(variants):
 
 def dispatch_variants() -> list[Variant]:
     out = []
-    for p in PARAMS:
+    for p in _params():
         for facts in FACTS:
             tunables, _ = dispatch.select(SPEC, p, {f: facts[f] for f in SPEC.facts})
             out.append(_variant(p, tunables))
@@ -95,6 +99,7 @@ def kind_variants() -> list[Variant]:
     kinds = ({"form": "chunk"}, {"form": "mma", "pipe": 1}, {"form": "mma", "pipe": 4}, {"form": "recurrent", "pipe": 2},
              {"form": "recurrent", "pipe": 8})
     base = {n: v[0] for n, v in SPEC.params}
+    choices = SPEC.all_tunable_choices()
     out = []
     for T, sd, (inter, ssm, upd), K in itertools.product(
             (2, 8, 16), ("fp32", "bf16"), (("none", "none", True), ("fp32", "none", False), ("none", "int64", True)),
@@ -102,21 +107,25 @@ def kind_variants() -> list[Variant]:
         p = dict(base, layout="klast", K=K, V=128, T=T, state_dtype=sd, pool=True, inter_dtype=inter,
                  ssm_idx_dtype=ssm, update=upd)
         for kind in kinds:
-            valid = [t for t in SPEC.all_tunable_choices()
-                     if all(t[k] == v for k, v in kind.items()) and not SPEC.violations(p, t)]
-            out += [_variant(p, t) for t in valid[:1] + valid[-1:]]
+            of_kind = [t for t in choices if all(t[k] == v for k, v in kind.items())]
+            # the first and the last valid candidate, searched from each end (not every candidate checked)
+            first = next((t for t in of_kind if SPEC.valid(p, t)), None)
+            last = None if first is None else next(t for t in reversed(of_kind) if SPEC.valid(p, t))
+            out += [_variant(p, t) for t in (first, last) if t is not None]
     return _dedup(out)
 
 
-DISPATCH = dispatch_variants()
-FALLBACK, UNCOVERED = fallback_variants()
-KINDS = kind_variants()
+@pytest.fixture(scope="module")
+def sets() -> dict:
+    """The three variant sets (and the combinations no fallback serves), enumerated once."""
+    fallback, uncovered = fallback_variants()
+    return {"dispatch": dispatch_variants(), "fallback": fallback, "uncovered": uncovered, "kinds": kind_variants()}
 
 
 @pytest.fixture(scope="module")
-def built():
-    """Compile the union of both sets once; {(params, tunables): meta or exception}."""
-    todo = _dedup(DISPATCH + FALLBACK + KINDS)
+def built(sets):
+    """Compile the union of the sets once; {(params, tunables): meta or exception}."""
+    todo = _dedup(sets["dispatch"] + sets["fallback"] + sets["kinds"])
 
     def one(v: Variant):
         try:
@@ -158,45 +167,48 @@ def _problems(variants, built, spills: bool = True, others: bool = True) -> list
 
 
 def test_covering_set_covers_every_value():
-    assert len(PARAMS) == 2 * 3 * 3 * 2 * len(T_VALUES)
+    params = _params()
+    assert len(params) == 2 * 3 * 3 * 2 * len(T_VALUES)
     for n, vals in SPEC.params:
-        seen = {p[n] for p in PARAMS}
+        seen = {p[n] for p in params}
         expected = set(T_VALUES) if n == "T" else set(vals)
         assert seen == expected, n
     # deterministic: the same selection every time
-    assert covering_params() == PARAMS
+    assert covering_params() == list(params)
 
 
-def test_sets_are_nonempty_and_distinct():
-    assert len(DISPATCH) >= 36
-    assert len({(v.params, v.tunables) for v in DISPATCH}) == len(DISPATCH)
-    assert len({v.key for v in DISPATCH}) == len(DISPATCH)
-    assert len(FALLBACK) >= 36
+def test_sets_are_nonempty_and_distinct(sets):
+    dispatch_set = sets["dispatch"]
+    assert len(dispatch_set) >= 36
+    assert len({(v.params, v.tunables) for v in dispatch_set}) == len(dispatch_set)
+    assert len({v.key for v in dispatch_set}) == len(dispatch_set)
+    assert len(sets["fallback"]) >= 36
 
 
-def test_every_combination_has_a_fallback():
-    assert UNCOVERED == []
+def test_every_combination_has_a_fallback(sets):
+    assert sets["uncovered"] == []
 
 
-def test_dispatch_variants_compile(built):
+def test_dispatch_variants_compile(sets, built):
     """Every selected variant compiles, with registers, static smem within 48 KB and no warnings."""
-    bad = _problems(DISPATCH, built, spills=False)
-    assert not bad, f"{len(bad)} of {len(DISPATCH)} dispatch variants:\n" + "\n".join(bad)
+    bad = _problems(sets["dispatch"], built, spills=False)
+    assert not bad, f"{len(bad)} of {len(sets['dispatch'])} dispatch variants:\n" + "\n".join(bad)
 
 
-def test_dispatch_variants_do_not_spill(built):
-    bad = _problems(DISPATCH, built, others=False)
-    assert not bad, f"{len(bad)} of {len(DISPATCH)} dispatch variants:\n" + "\n".join(bad)
+def test_dispatch_variants_do_not_spill(sets, built):
+    bad = _problems(sets["dispatch"], built, others=False)
+    assert not bad, f"{len(bad)} of {len(sets['dispatch'])} dispatch variants:\n" + "\n".join(bad)
 
 
-def test_fallback_variants_compile(built):
-    bad = _problems(FALLBACK, built)
-    assert not bad, f"{len(bad)} of {len(FALLBACK)} fallback variants:\n" + "\n".join(bad)
+def test_fallback_variants_compile(sets, built):
+    bad = _problems(sets["fallback"], built)
+    assert not bad, f"{len(bad)} of {len(sets['fallback'])} fallback variants:\n" + "\n".join(bad)
 
 
-def test_tuner_candidates_of_every_kind_compile_clean(built):
+def test_tuner_candidates_of_every_kind_compile_clean(sets, built):
     """Chunk, mma and pipelined candidates: compile, no spills, no stack frame, no warnings (the spec's
     register constraints exclude the shapes that spilled)."""
-    assert len(KINDS) >= 100
-    bad = _problems(KINDS, built)
-    assert not bad, f"{len(bad)} of {len(KINDS)} candidate variants:\n" + "\n".join(bad)
+    kinds = sets["kinds"]
+    assert len(kinds) >= 100
+    bad = _problems(kinds, built)
+    assert not bad, f"{len(bad)} of {len(kinds)} candidate variants:\n" + "\n".join(bad)

@@ -39,17 +39,53 @@ def selectable_tunables(params: dict) -> list[dict]:
     return out
 
 
+# K enters the kernel only as three constants (K, blocks per row, scale columns; pinned by
+# test_k_changes_only_the_constants below), so the compile checks take K values covering what those
+# constants change: every residue of K / 16 mod 4 (scale-column padding; which blocks_per_thread are
+# valid), the smallest and the largest K, and the models' hidden sizes.
+K_SAMPLE = (16, 32, 48, 64, 2048, 7168, 18944, 29568)
+
+
 def all_selectable_variants() -> list[Variant]:
     variants = []
     for arch, hw in ARCHS:
         for in_dtype in SPEC.allowed("in_dtype"):
             for layout in SPEC.allowed("sf_layout"):
-                for K in SPEC.allowed("K"):
+                for K in K_SAMPLE:
                     for pdl in (False, True):
                         params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl)
                         for tun in selectable_tunables(params):
                             variants.append(Variant.make(SPEC, params, tun, arch))
     return variants
+
+
+def test_k_sample_covers_the_constants_classes():
+    allowed = SPEC.allowed("K")
+    assert set(K_SAMPLE) <= set(allowed) and min(allowed) in K_SAMPLE and max(allowed) in K_SAMPLE
+    assert {(K // 16) % 4 for K in K_SAMPLE} == {0, 1, 2, 3}
+
+
+_K_LINES = ("// nvfp4_quantize: ", "//   blocks_per_thread=", "constexpr int K = ", "constexpr int NB = ",
+            "constexpr int SF_COLS = ")
+
+
+@pytest.mark.parametrize("arch,hw", ARCHS)
+def test_k_changes_only_the_constants(arch, hw):
+    """For every other param and tunable, two K values render sources that differ only in the lines that
+    state K, the blocks per row and the scale columns: what the sampled compile checks rely on."""
+    for in_dtype in SPEC.allowed("in_dtype"):
+        for layout in SPEC.allowed("sf_layout"):
+            for pdl in (False, True):
+                for tun in SPEC.all_tunable_choices():
+                    sources = []
+                    for K in (64, 28672):  # both valid for every blocks_per_thread
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl)
+                        assert not SPEC.violations(params, tun)
+                        sources.append(Variant.make(SPEC, params, tun, arch).source().splitlines())
+                    a, b = sources
+                    assert len(a) == len(b)
+                    diff = [(x, y) for x, y in zip(a, b) if x != y]
+                    assert diff and all(x.startswith(_K_LINES) and y.startswith(_K_LINES) for x, y in diff), diff
 
 
 def test_every_selectable_variant_compiles_clean():

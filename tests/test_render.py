@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gdnjit import compile as gcompile
@@ -148,9 +150,34 @@ def test_compile_cubin_result():
     assert gcompile.parse_ptxas(res.log) == (res.registers, res.spill_bytes, res.stack_bytes, res.smem_bytes)
 
 
-def test_nvrtc_version():
-    major, minor = gcompile.nvrtc_version().split(".")
-    assert int(major) >= 12 and int(minor) >= 0
+def _pinned_nvrtc():
+    """The base dependency on the NVRTC wheel, as pyproject.toml declares it."""
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as f:
+        deps = [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+    (req,) = [r for r in deps if r.name == "nvidia-cuda-nvrtc"]
+    return req
+
+
+def test_nvrtc_version_is_the_pinned_minor():
+    """The NVRTC that compiles is the one minor version the rules, tuned tables and spill checks were
+    measured with: the pin admits exactly one minor, and the library loaded is that minor (a looser pin,
+    or a system NVRTC of another release shadowing the wheel, fails here)."""
+    req = _pinned_nvrtc()
+    loaded = gcompile.nvrtc_version()
+    major, minor = (int(x) for x in loaded.split("."))
+    assert req.specifier.contains(f"{major}.{minor}.0"), f"NVRTC {loaded} loaded, pin {req}"
+    for other in (f"{major}.{minor + 1}.0", f"{major + 1}.0.0", f"{major}.{minor - 1}.0" if minor else "12.9.0"):
+        assert not req.specifier.contains(other), f"the pin {req} admits NVRTC {other}"
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        wheel = version("nvidia-cuda-nvrtc")
+    except PackageNotFoundError:
+        pytest.fail("the nvidia-cuda-nvrtc wheel is not installed")
+    assert wheel.split(".")[:2] == [str(major), str(minor)], f"wheel {wheel}, loaded NVRTC {loaded}"
 
 
 BROKEN = """\

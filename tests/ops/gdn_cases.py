@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
+import random
 
 import torch
 
 from gdnjit.reference.gdn import gdn_reference
+from gdnjit.tuned import SHIPPED_DIR
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -270,3 +273,85 @@ def check(c: Case, errs: dict) -> None:
             limit = tol_state if dtype == "fp32" else 1.0
         if not e <= limit:
             raise AssertionError(f"{c}: {key} error {e:.3g} > {limit}")
+
+
+# ---- the sampled matrix of tests/ops/test_gdn_gpu.py (its coverage is checked on the CPU) ----------
+def sampled_matrix(n: int, seed: int = 1234) -> list[Case]:
+    """A sampled grid in which every value of every axis appears (first a sweep per axis, then random)."""
+    rnd = random.Random(seed)
+    axes = {
+        "layout": ["klast", "kmajor"],
+        "state_dtype": ["fp32", "bf16"],
+        "T": [1, 2, 3, 4, 7, 8, 16],
+        "KV": [(64, 64), (128, 128), (256, 256), (64, 128), (128, 256), (256, 64)],
+        "pool": ["direct", "pool", "gaps", "split", "strided"],
+        "neg_write": [False, True],
+        "inter": [None, "fp32", "bf16"],
+        "ssm": [None, "int32", "int64"],
+        "update": [True, False],
+        "l2norm": [True, False],
+        "in_dtype": ["bf16", "fp16"],
+        "out_dtype": [None, "bf16", "fp16", "fp32"],
+        "dtb_dtype": ["fp32", "bf16", "fp16"],
+        "idx_dtype": ["int32", "int64"],
+        "B": [1, 3, 37, 130],
+        "ratio": [1, 2, 3, 4],
+        "cache_extra": [0, 3],
+    }
+
+    def make(choice: dict) -> Case | None:
+        layout = choice["layout"]
+        pool = choice["pool"]
+        if layout == "kmajor":  # K-major API is direct-state decode only
+            pool, choice = "direct", dict(choice, inter=None, ssm=None, update=True)
+        if pool == "direct":
+            choice = dict(choice, inter=None, ssm=None, update=True)
+        if choice["ssm"]:
+            choice = dict(choice, inter=None, update=True)
+            if pool == "split":
+                pool = "gaps"
+        if not choice["update"] and pool == "split":
+            pool = "gaps"
+        K, V = choice["KV"]
+        return Case(layout=layout, B=choice["B"], T=choice["T"], H=2 if choice["ratio"] < 3 else 1,
+                    ratio=choice["ratio"], K=K, V=V, in_dtype=choice["in_dtype"], out_dtype=choice["out_dtype"],
+                    state_dtype=choice["state_dtype"], dtb_dtype=choice["dtb_dtype"], pool=pool,
+                    idx_dtype=choice["idx_dtype"], neg_write=choice["neg_write"] and pool == "split",
+                    inter_dtype=choice["inter"], cache_extra=choice["cache_extra"], ssm=choice["ssm"],
+                    update=choice["update"], l2norm=choice["l2norm"],
+                    api="mtp" if (pool != "direct" and layout == "klast" and rnd.random() < 0.5) else "auto")
+
+    cases = []
+    for axis, values in axes.items():  # every axis value at least once
+        for val in values:
+            choice = {a: rnd.choice(v) for a, v in axes.items()}
+            choice[axis] = val
+            cases.append(make(choice))
+    while len(cases) < n:
+        cases.append(make({a: rnd.choice(v) for a, v in axes.items()}))
+    return list(dict.fromkeys(cases))
+
+
+# ---- shipped tuned-table entries (tests/ops/test_tuned_gpu.py; structure checked on the CPU) --------
+def tuned_entries() -> list[tuple[str, dict, dict, dict]]:
+    seen = {}
+    for path in sorted(SHIPPED_DIR.glob("*.json")):
+        for e in json.loads(path.read_text())["entries"]:
+            if e["spec"] != "gdn":
+                continue
+            key = json.dumps([e["params"], e["tunables"]], sort_keys=True)
+            seen.setdefault(key, (path.stem, e["params"], e["tunables"], e["facts"]))
+    return list(seen.values())
+
+
+def tuned_case(params: dict, facts: dict) -> Case:
+    """A gdn_cases.Case with exactly these spec params (asserted), 5 rows, the entry's HV / H ratio."""
+    pool = "direct" if not params["pool"] else ("pool" if params["same_pool"] else "split")
+    c = Case(layout=params["layout"], B=5, T=params["T"], H=2, ratio=facts["HV"] // facts["H"], K=params["K"],
+             V=params["V"], in_dtype=params["in_dtype"], out_dtype=params["out_dtype"],
+             state_dtype=params["state_dtype"], dtb_dtype=params["dtb_dtype"], pool=pool,
+             idx_dtype=params["idx_dtype"], inter_dtype=None if params["inter_dtype"] == "none" else params["inter_dtype"],
+             ssm=None if params["ssm_idx_dtype"] == "none" else params["ssm_idx_dtype"], update=params["update"],
+             l2norm=params["l2norm"])
+    assert case_params(c) == params, f"a Case cannot express {params}"
+    return c

@@ -14,7 +14,8 @@ import random
 import pytest
 import torch
 
-from gdn_cases import KW_OVERRIDES, OVERRIDES, TC_OVERRIDE, Case, case_params, check, forced_tunables, forcing, run_case
+from gdn_cases import (KW_OVERRIDES, OVERRIDES, TC_OVERRIDE, Case, case_params, check, forced_tunables, forcing, run_case,
+                       sampled_matrix)
 
 pytestmark = pytest.mark.gpu
 
@@ -71,78 +72,12 @@ def test_multi_token_mid_batch_rules(case):
 
 
 # ---- issue 3: the sampled matrix -----------------------------------------------------------
-def _matrix(n: int, seed: int = 1234) -> list[Case]:
-    """A sampled grid in which every value of every axis appears (first a sweep per axis, then random)."""
-    rnd = random.Random(seed)
-    axes = {
-        "layout": ["klast", "kmajor"],
-        "state_dtype": ["fp32", "bf16"],
-        "T": [1, 2, 3, 4, 7, 8, 16],
-        "KV": [(64, 64), (128, 128), (256, 256), (64, 128), (128, 256), (256, 64)],
-        "pool": ["direct", "pool", "gaps", "split", "strided"],
-        "neg_write": [False, True],
-        "inter": [None, "fp32", "bf16"],
-        "ssm": [None, "int32", "int64"],
-        "update": [True, False],
-        "l2norm": [True, False],
-        "in_dtype": ["bf16", "fp16"],
-        "out_dtype": [None, "bf16", "fp16", "fp32"],
-        "dtb_dtype": ["fp32", "bf16", "fp16"],
-        "idx_dtype": ["int32", "int64"],
-        "B": [1, 3, 37, 130],
-        "ratio": [1, 2, 3, 4],
-        "cache_extra": [0, 3],
-    }
-
-    def make(choice: dict) -> Case | None:
-        layout = choice["layout"]
-        pool = choice["pool"]
-        if layout == "kmajor":  # K-major API is direct-state decode only
-            pool, choice = "direct", dict(choice, inter=None, ssm=None, update=True)
-        if pool == "direct":
-            choice = dict(choice, inter=None, ssm=None, update=True)
-        if choice["ssm"]:
-            choice = dict(choice, inter=None, update=True)
-            if pool == "split":
-                pool = "gaps"
-        if not choice["update"] and pool == "split":
-            pool = "gaps"
-        K, V = choice["KV"]
-        return Case(layout=layout, B=choice["B"], T=choice["T"], H=2 if choice["ratio"] < 3 else 1,
-                    ratio=choice["ratio"], K=K, V=V, in_dtype=choice["in_dtype"], out_dtype=choice["out_dtype"],
-                    state_dtype=choice["state_dtype"], dtb_dtype=choice["dtb_dtype"], pool=pool,
-                    idx_dtype=choice["idx_dtype"], neg_write=choice["neg_write"] and pool == "split",
-                    inter_dtype=choice["inter"], cache_extra=choice["cache_extra"], ssm=choice["ssm"],
-                    update=choice["update"], l2norm=choice["l2norm"],
-                    api="mtp" if (pool != "direct" and layout == "klast" and rnd.random() < 0.5) else "auto")
-
-    cases = []
-    for axis, values in axes.items():  # every axis value at least once
-        for val in values:
-            choice = {a: rnd.choice(v) for a, v in axes.items()}
-            choice[axis] = val
-            cases.append(make(choice))
-    while len(cases) < n:
-        cases.append(make({a: rnd.choice(v) for a, v in axes.items()}))
-    return list(dict.fromkeys(cases))
-
-
-MATRIX = _matrix(260)
+MATRIX = sampled_matrix(260)
 
 
 @pytest.mark.parametrize("case", MATRIX, ids=[f"m{i}" for i in range(len(MATRIX))])
 def test_matrix(case):
     check(case, run_case(case, seed=random.Random(str(case)).randrange(1 << 30)))
-
-
-def test_matrix_covers_every_axis_value():
-    seen = {f.name: {getattr(c, f.name) for c in MATRIX} for f in dataclasses.fields(Case)}
-    assert seen["layout"] == {"klast", "kmajor"} and seen["state_dtype"] == {"fp32", "bf16"}
-    assert {1, 2, 3, 4, 7, 8, 16} <= seen["T"] and {64, 128, 256} <= seen["K"] and {64, 128, 256} <= seen["V"]
-    assert seen["pool"] == {"direct", "pool", "gaps", "split", "strided"} and True in seen["neg_write"]
-    assert {None, "fp32", "bf16"} <= seen["inter_dtype"] and {None, "int32", "int64"} <= seen["ssm"]
-    assert seen["update"] == {True, False} and seen["l2norm"] == {True, False}
-    assert {1, 3, 37, 130} <= seen["B"] and {1, 2, 3, 4} <= seen["ratio"]
 
 
 # ---- CUDA graphs, scale, large offsets --------------------------------------------------------

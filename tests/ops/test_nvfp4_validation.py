@@ -94,9 +94,23 @@ def test_empty_input_needs_no_launch():
     assert call is None and sf.shape == (0, 4)
 
 
-def test_enable_pdl_accepted_as_noop():
-    for pdl in (None, False, True):
-        assert prep(enable_pdl=pdl)[2] is not None
+@pytest.mark.parametrize("arch,enable_pdl,expected", [
+    ("sm_90", None, True), ("sm_90", True, True), ("sm_90", False, False),      # None: on where supported
+    ("sm_100a", None, True), ("sm_100a", False, False),
+    ("sm_89", None, False), ("sm_89", False, False),                            # no griddepcontrol before sm_90
+])
+def test_enable_pdl_selects_the_pdl_variant_and_launch(arch, enable_pdl, expected):
+    """enable_pdl decides both the compiled variant (param ``pdl``: the kernel waits on griddepcontrol) and
+    the launch (with the programmatic-serialization attribute): the two always agree."""
+    params, _, _, _, launch_pdl = prep(arch=arch, enable_pdl=enable_pdl)[2]
+    spec = gdnjit.spec.get_spec("nvfp4_quantize")
+    assert dict(zip(spec.param_names, params))["pdl"] is expected
+    assert launch_pdl is expected
+
+
+def test_enable_pdl_true_refused_before_sm_90():
+    with pytest.raises(ValueError, match=r"enable_pdl: True needs compute capability 9\.0"):
+        prep(arch="sm_89", enable_pdl=True)
 
 
 _BAD = [

@@ -14,49 +14,18 @@ import random
 
 import pytest
 
-from gdn_cases import Case, case_params, check, forced_tunables, forcing, run_case
-from gdnjit.spec import get_spec
-from gdnjit.tuned import SHIPPED_DIR
+from gdn_cases import check, forcing, run_case, tuned_case, tuned_entries
 
 pytestmark = pytest.mark.gpu
 
 
-def _entries() -> list[tuple[str, dict, dict, dict]]:
-    seen = {}
-    for path in sorted(SHIPPED_DIR.glob("*.json")):
-        for e in json.loads(path.read_text())["entries"]:
-            if e["spec"] != "gdn":
-                continue
-            key = json.dumps([e["params"], e["tunables"]], sort_keys=True)
-            seen.setdefault(key, (path.stem, e["params"], e["tunables"], e["facts"]))
-    return list(seen.values())
-
-
-def _case(params: dict, facts: dict) -> Case:
-    """A gdn_cases.Case with exactly these spec params (asserted), 5 rows, the entry's HV / H ratio."""
-    pool = "direct" if not params["pool"] else ("pool" if params["same_pool"] else "split")
-    c = Case(layout=params["layout"], B=5, T=params["T"], H=2, ratio=facts["HV"] // facts["H"], K=params["K"],
-             V=params["V"], in_dtype=params["in_dtype"], out_dtype=params["out_dtype"],
-             state_dtype=params["state_dtype"], dtb_dtype=params["dtb_dtype"], pool=pool,
-             idx_dtype=params["idx_dtype"], inter_dtype=None if params["inter_dtype"] == "none" else params["inter_dtype"],
-             ssm=None if params["ssm_idx_dtype"] == "none" else params["ssm_idx_dtype"], update=params["update"],
-             l2norm=params["l2norm"])
-    assert case_params(c) == params, f"a Case cannot express {params}"
-    return c
-
-
-ENTRIES = _entries()
-
-
-def test_shipped_tables_have_entries():
-    assert len(ENTRIES) > 10
+ENTRIES = tuned_entries()
 
 
 @pytest.mark.parametrize("table,params,tunables,facts", ENTRIES,
                          ids=[f"{t}-T{p['T']}-{p['state_dtype']}-{'pool' if p['pool'] else 'direct'}-{i}"
                               for i, (t, p, _, _) in enumerate(ENTRIES)])
 def test_tuned_entry_variant_matches_reference(table, params, tunables, facts):
-    case = _case(params, facts)
-    assert forced_tunables(get_spec("gdn"), params, {}, tunables) == tunables  # the dispatcher will run exactly it
+    case = tuned_case(params, facts)
     with forcing(tunables):
         check(case, run_case(case, seed=random.Random(json.dumps([params, tunables], sort_keys=True)).randrange(1 << 30)))
