@@ -1,0 +1,102 @@
+"""The first call in a fresh process with a warm cache: gdnjit's time beyond torch's own first CUDA op.
+
+    python tools/first_call.py [--repeat 5] [--out FILE.json]
+
+Each sample is a fresh Python process (a subprocess running this file with --child). The child
+imports torch, runs one CUDA op and synchronises (torch's own start-up, not counted), builds the
+inputs with torch, then times `import gdnjit` + the first call of each op, synchronised, and a second
+call for comparison. A first child, not counted, fills the disk cache (the cache dir is a fresh
+temp dir unless GDNJIT_CACHE_DIR is set), so the counted children measure spec loading, dispatch,
+the disk-cache lookup, the module load and the launch: what a serving process pays per op after
+`gdnjit warm`. Reports the median of --repeat children per op.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def child() -> dict:
+    t0 = time.perf_counter()
+    import torch
+
+    torch.ones(1, device="cuda").add_(1)
+    torch.cuda.synchronize()
+    t_torch = time.perf_counter() - t0
+    dev, bf = "cuda", torch.bfloat16
+    B, H, HV, K, V = 32, 16, 32, 128, 128
+    q = torch.randn(B, 1, H, K, device=dev, dtype=bf)
+    k = torch.randn(B, 1, H, K, device=dev, dtype=bf)
+    v = torch.randn(B, 1, HV, V, device=dev, dtype=bf)
+    a = torch.randn(B, 1, HV, device=dev, dtype=bf)
+    b = torch.randn(B, 1, HV, device=dev, dtype=bf)
+    A_log = torch.rand(HV, device=dev)
+    dt_bias = torch.rand(HV, device=dev)
+    pool = torch.randn(2 * B, HV, V, K, device=dev)
+    slots = torch.arange(B, device=dev, dtype=torch.int32) * 2
+    x = torch.randn(64, 4096, device=dev, dtype=bf)
+    gs = torch.tensor([448.0 * 6.0], device=dev) / x.abs().max().float()
+    torch.cuda.synchronize()
+    out = {"torch_first_cuda_op_s": t_torch}
+
+    def gdn():
+        gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, None, A_log, a, dt_bias, b, initial_state=pool,
+                                                     initial_state_indices=slots)
+
+    def nvfp4():
+        gdnjit.nvfp4_quantize(x, gs, gdnjit.SfLayout.layout_128x4)
+
+    t0 = time.perf_counter()
+    import gdnjit
+
+    out["import_gdnjit_s"] = time.perf_counter() - t0
+    for name, fn in (("gdn", gdn), ("nvfp4", nvfp4)):
+        for which in ("first", "second"):
+            t0 = time.perf_counter()
+            fn()
+            torch.cuda.synchronize()
+            out[f"{name}_{which}_s"] = time.perf_counter() - t0
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--out", help="write the samples and medians as JSON here")
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print(json.dumps(child()))
+        return 0
+    env = dict(os.environ)
+    env.setdefault("GDNJIT_CACHE_DIR", tempfile.mkdtemp(prefix="gdnjit-first-call-"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                                      env.get("PYTHONPATH")]))
+
+    def run() -> dict:
+        res = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True)
+        return json.loads(res.stdout.strip().splitlines()[-1])
+
+    warmup = run()  # compiles into the cache (not counted)
+    samples = [run() for _ in range(args.repeat)]
+    med = {k: statistics.median(s[k] for s in samples) for k in samples[0]}
+    for k, val in med.items():
+        print(f"{k:24s} {val * 1e3:9.1f} ms (median of {args.repeat} fresh processes)")
+    first = med["import_gdnjit_s"] + med["gdn_first_s"]
+    print(f"gdnjit's first GDN call, import included: {first * 1e3:.1f} ms; first NVFP4 call after it: "
+          f"{med['nvfp4_first_s'] * 1e3:.1f} ms (cache {env['GDNJIT_CACHE_DIR']})")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"warmup": warmup, "samples": samples, "median": med}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
