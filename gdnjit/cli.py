@@ -41,7 +41,7 @@ def _local_arch() -> str | None:
         import torch
 
         if torch.cuda.is_available():
-            from .kernels import device_info
+            from .runner import device_info
 
             return device_info(torch.cuda.current_device()).arch
     except Exception:  # noqa: BLE001 - no usable GPU means "no local arch"
@@ -139,7 +139,7 @@ def cmd_tune(args) -> int:
     if not torch.cuda.is_available():
         print("gdnjit tune: needs a CUDA GPU (it measures the candidates on it)", file=sys.stderr)
         return 2
-    from .kernels import device_info
+    from .runner import device_info
     from .warm import check_supported_arch
 
     check_supported_arch(device_info(torch.cuda.current_device()).arch, what="the local GPU's arch")

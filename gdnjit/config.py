@@ -164,10 +164,8 @@ def get_config() -> Config:
 def set_config(config: Config | None) -> None:
     """Replace the process-wide configuration (``None``: re-read the environment on next use).
 
-    Also drops in-process launcher caches that depend on it.
+    The runner notices the new object on its next call and drops the in-process caches filled under
+    the old one (:meth:`gdnjit.runner.Runner.sync`); this module knows nothing of them.
     """
     global _current
     _current = config
-    from . import kernels  # local import: kernels depends on config
-
-    kernels.clear_launcher_cache()

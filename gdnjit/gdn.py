@@ -1,7 +1,7 @@
 """Gated delta rule (GDN) decode and multi-token ops, FlashInfer-compatible signatures.
 
-This module only validates arguments and dispatches; kernels come from the ``gdn`` spec
-(``specs/gdn.yaml``, ``templates/gdn.cu.j2``) through :mod:`gdnjit.kernels`.
+This module only validates arguments and builds a named :class:`~gdnjit.runner.KernelCall` of the
+``gdn`` spec (``specs/gdn.yaml``); :mod:`gdnjit.runner` dispatches, compiles, binds and launches it.
 
 Semantics (docs/design.md section 4), per batch row n, value head hv (h = hv // (HV // H)), token t::
 
@@ -21,9 +21,9 @@ from typing import Optional, Tuple
 import torch
 
 from . import guard as _guard
-from . import kernels
 from . import validate as _v
 from .config import get_config
+from .runner import RUNNER, KernelCall, launch_on, supports_pdl
 from .spec import get_spec
 
 SUPPORTED_DIMS = (64, 128, 256)
@@ -51,11 +51,15 @@ def _host_index_check(name: str, idx: torch.Tensor, pool_size: int) -> None:
         raise IndexError(f"{name}: index {int(idx.max())} is out of range for a pool of {pool_size} slots")
 
 
-_fast: dict = kernels.register_memo({})  # call signature -> (BoundLaunch, output shape, device); see _run
+_fast: dict = RUNNER.memo()  # call signature -> (BoundLaunch, output shape, device); see _run
 _FAST_MAX = 4096
 # flags + which optionals are present -> [(guard, (BoundLaunch, output shape, device)), ...], most recent first
-_guarded: dict = kernels.register_memo({})
+_guarded: dict = RUNNER.memo()
 _GUARDS_PER_KEY = 4
+# The kernel arguments a bound launch takes per call, in the order _run gathers them (the runner checks
+# them against the spec's leading pointer args by name when it binds).
+_POINTERS = ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "write_idx", "out", "inter", "ssm_idx")
+_OUT = _POINTERS.index("out")
 
 
 def _meta(x):
@@ -67,7 +71,7 @@ def uses_pdl(device_index: int) -> bool:
     """Whether gdn kernels are launched with programmatic dependent launch on this device: GDNJIT_PDL
     on and sm_90+. Every gdn kernel waits (griddepcontrol.wait) before its first load or store, so it
     may overlap the end of the previous kernel (its L2 state prefetch runs before the wait)."""
-    return get_config().pdl and kernels.supports_pdl(device_index)
+    return get_config().pdl and supports_pdl(device_index)
 
 
 def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
@@ -83,6 +87,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
     against 6.8 us for a generator over the slots; docs/perf.md v7). Anything new (or any non-tensor)
     takes the full path.
     """
+    config = RUNNER.sync()  # a replaced configuration drops the memos below
     try:
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
                 b.data_ptr(), pool.data_ptr(), 0 if read_idx is None else read_idx.data_ptr(),
@@ -118,28 +123,23 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         bound, out_shape, dev = hit
         if output is None:
             output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-            ptrs = ptrs[:10] + (output.data_ptr(),) + ptrs[11:]
+            ptrs = ptrs[:_OUT] + (output.data_ptr(),) + ptrs[_OUT + 1:]
     else:
         output, call = _prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output,
                                 inter, ssm, update, l2norm, direct)
         if call is None:
             return output
-        params, facts, values, dev = call
-        launcher, grid = kernels.resolve(get_spec("gdn"), params, facts, dev)
-        bound = launcher.bind(grid, values, pdl=uses_pdl(dev))
-        ptrs = values[:13]
-        if sig is not None and not get_config().check_indices:
+        dev = call.device
+        bound = RUNNER.bind(call, _POINTERS)
+        ptrs = tuple(call.args[n] for n in _POINTERS)
+        if sig is not None and not config.check_indices:
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
             entry = (bound, tuple(output.shape), dev)
             _fast[sig] = entry
             _remember_guard(gkey, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx,
                             None if gkey[10] else output, inter, ssm, entry)
-    if torch._C._cuda_getDevice() != dev:
-        with torch.cuda.device(dev):
-            bound(ptrs)
-    else:
-        bound(ptrs)
+    launch_on(dev, bound, ptrs)
     return output
 
 
@@ -191,9 +191,10 @@ def _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_
 
 def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
              update: bool, l2norm: bool, direct: bool, require_cuda: bool = True):
-    """All argument checks; returns (output, (params, facts, kernel args, device index) or None if B == 0).
+    """All argument checks; returns (output, the named :class:`~gdnjit.runner.KernelCall`, or None if B == 0).
 
-    ``require_cuda=False`` lets CPU tests exercise every other check with CPU tensors.
+    ``require_cuda=False`` lets CPU tests exercise every other check with CPU tensors (the call is then
+    built for device 0 without PDL).
     """
     # --- inputs ---------------------------------------------------------------------------
     (_v.cuda_tensor if require_cuda else _v.tensor)("q", q, 4)
@@ -335,19 +336,27 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
             if x is not None:
                 _host_index_check(name, x, pool_size)
 
-    params = (layout, K, V, T, _v.FLOAT_NAMES[q.dtype], _v.FLOAT_NAMES[output.dtype], _v.FLOAT_NAMES[pool.dtype],
-              _v.FLOAT_NAMES[dt_bias.dtype], not direct, idx_dtype, same_pool, inter_dtype, ssm_dtype, update, l2norm)
+    params = dict(layout=layout, K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[q.dtype],
+                  out_dtype=_v.FLOAT_NAMES[output.dtype], state_dtype=_v.FLOAT_NAMES[pool.dtype],
+                  dtb_dtype=_v.FLOAT_NAMES[dt_bias.dtype], pool=not direct, idx_dtype=idx_dtype, same_pool=same_pool,
+                  inter_dtype=inter_dtype, ssm_idx_dtype=ssm_dtype, update=update, l2norm=l2norm)
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
-    values = (
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(), b.data_ptr(),
-        pool.data_ptr(), 0 if direct else read_idx.data_ptr(), 0 if write_idx is None else write_idx.data_ptr(),
-        output.data_ptr(), 0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(),
-        slot_stride, pool_size,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *a.stride(), *b.stride(), *output.stride()[:3],
-        0 if inter is None else inter.stride(0), *((0, 0) if ssm is None else ssm.stride()),
-        B, H, HV, scale, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD,
+    (q_sn, q_st, q_sh), (k_sn, k_st, k_sh), (v_sn, v_st, v_sh) = q.stride()[:3], k.stride()[:3], v.stride()[:3]
+    (a_sn, a_st, a_sh), (b_sn, b_st, b_sh), (o_sn, o_st, o_sh) = a.stride(), b.stride(), output.stride()[:3]
+    ssm_sn, ssm_st = (0, 0) if ssm is None else ssm.stride()
+    args = dict(
+        q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), A_log=A_log.data_ptr(), a=a.data_ptr(),
+        dt_bias=dt_bias.data_ptr(), b=b.data_ptr(), state=pool.data_ptr(),
+        read_idx=0 if direct else read_idx.data_ptr(), write_idx=0 if write_idx is None else write_idx.data_ptr(),
+        out=output.data_ptr(), inter=0 if inter is None else inter.data_ptr(), ssm_idx=0 if ssm is None else ssm.data_ptr(),
+        slot_stride=slot_stride, pool_size=pool_size, q_sn=q_sn, q_st=q_st, q_sh=q_sh, k_sn=k_sn, k_st=k_st, k_sh=k_sh,
+        v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
+        o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,
+        B=B, H=H, HV=HV, scale=scale, softplus_beta=_SOFTPLUS_BETA, softplus_threshold=_SOFTPLUS_THRESHOLD,
     )
-    return output, (params, (B, H, HV), values, dev)
+    call = KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
+                      pdl=uses_pdl(dev) if require_cuda else False)
+    return output, call
 
 
 def gated_delta_rule_decode_pretranspose(

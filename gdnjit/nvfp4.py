@@ -1,8 +1,8 @@
 """NVFP4 activation quantization with FlashInfer's signature (``nvfp4_quantize``, ``SfLayout``).
 
-This module only validates arguments and dispatches; the kernel comes from the
-``nvfp4_quantize`` spec (``specs/nvfp4_quantize.yaml``, ``templates/nvfp4_quantize.cu.j2``)
-through :mod:`gdnjit.kernels`. Results are bit-identical to the package's torch reference
+This module only validates arguments and builds a named :class:`~gdnjit.runner.KernelCall` of the
+``nvfp4_quantize`` spec (``specs/nvfp4_quantize.yaml``); :mod:`gdnjit.runner` dispatches, compiles
+and launches it. Results are bit-identical to the package's torch reference
 (:func:`gdnjit.reference.nvfp4.quantize_reference`), special values included.
 
 Semantics (docs/design.md section 5), per 16-element block of a row, all fp32::
@@ -25,8 +25,8 @@ from typing import Optional, Tuple
 
 import torch
 
-from . import kernels
 from . import validate as _v
+from .runner import RUNNER, KernelCall, device_info
 from .sf_layout import SfLayout, padded_sf_shape, to_sf_layout
 from .spec import get_spec
 
@@ -116,8 +116,8 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
              backend="gdnjit", require_cuda: bool = True, arch: Optional[str] = None):
     """All argument checks and the output allocation.
 
-    Returns ``(fp4, sf, call)`` where ``call`` is ``(params, facts, kernel args, device index, pdl)``,
-    or None when there is nothing to launch (M == 0). ``require_cuda=False`` (with ``arch``, e.g.
+    Returns ``(fp4, sf, call)`` where ``call`` is the named :class:`~gdnjit.runner.KernelCall`, or None
+    when there is nothing to launch (M == 0). ``require_cuda=False`` (with ``arch``, e.g.
     ``'sm_90'``) lets CPU tests exercise every other check with CPU tensors.
     """
     (_v.cuda_tensor if require_cuda else _v.tensor)("a", a)
@@ -159,7 +159,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
 
     if require_cuda:
         dev = device.index if device.index is not None else torch.cuda.current_device()
-        arch = kernels.device_info(dev).arch
+        arch = device_info(dev).arch
     else:
         dev = device.index if device.index is not None else 0
     arch_num = int(arch[3:].rstrip("af"))
@@ -170,9 +170,12 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
     if enable_pdl and arch_num < _PDL_ARCH:
         raise ValueError(f"enable_pdl: True needs compute capability 9.0 or newer (griddepcontrol); {device} is {arch}")
     pdl = (arch_num >= _PDL_ARCH) if enable_pdl is None else enable_pdl  # None: where supported
-    params = (_IN_DTYPES[a.dtype], _LAYOUT_PARAM[layout], K, arch_num >= _HW_E2M1_ARCH, pdl)
-    values = (x.data_ptr(), fp4.data_ptr(), sf.data_ptr(), gs_ptr, x.stride(0), M, sf_rows, gs_value)
-    return fp4, sf, (params, (M,), values, dev, pdl)
+    # the pdl param picks the variant that waits on griddepcontrol; the call's pdl launches it so
+    params = dict(in_dtype=_IN_DTYPES[a.dtype], sf_layout=_LAYOUT_PARAM[layout], K=K, hw_e2m1=arch_num >= _HW_E2M1_ARCH,
+                  pdl=pdl)
+    args = dict(x=x.data_ptr(), q=fp4.data_ptr(), sf=sf.data_ptr(), gs_ptr=gs_ptr, x_stride=x.stride(0), M=M,
+                sf_rows=sf_rows, gs_value=gs_value)
+    return fp4, sf, KernelCall(get_spec(SPEC), params, dict(M=M), args, dev, pdl=pdl)
 
 
 def nvfp4_quantize(
@@ -234,20 +237,8 @@ def nvfp4_quantize(
         return quantize_reference(a, a_global_sf, layout)
     fp4, sf, call = _prepare(a, a_global_sf, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)
     if call is not None:
-        _launch(call)
+        RUNNER.launch(call)
     return fp4, sf
-
-
-def _launch(call) -> None:
-    """Launch the kernel for a ``call`` from :func:`_prepare` on the current stream of its device."""
-    params, facts, values, dev, pdl = call
-    launcher, grid = kernels.resolve(get_spec(SPEC), params, facts, dev)
-    launch = launcher.launch_pdl if pdl else launcher  # the kernel waits (griddepcontrol) on sm_90+
-    if torch.cuda.current_device() != dev:
-        with torch.cuda.device(dev):
-            launch(grid, values)
-    else:
-        launch(grid, values)
 
 
 def dequantize_nvfp4(

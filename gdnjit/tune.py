@@ -12,7 +12,7 @@ import time
 from typing import Any, Callable
 
 from . import expr as _expr
-from . import kernels
+from .runner import RUNNER, device_info
 from .config import Config
 from .shapes import Problem
 from .spec import get_spec
@@ -61,7 +61,8 @@ def _gdn_calls(params: dict[str, Any], B: int, H: int, HV: int, device, n_sets_f
         out = torch.empty(B, T, HV, V, device=device, dtype=dt[params["out_dtype"]])
         _, call = gdn._prepare(params["layout"], q, k, v, A_log, a, dt_bias, b, pool, read, write, None, out, inter,
                                ssm, params["update"], params["l2norm"], not params["pool"])
-        calls.append((call, (q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out)))
+        # the kernel arguments in launch order, and the tensors they point into (kept alive while timing)
+        calls.append((call.arg_values(), (q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out)))
     return calls
 
 
@@ -98,7 +99,7 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
     from . import dispatch
     from .timing import time_graph_us
 
-    info = kernels.device_info(device_index)
+    info = device_info(device_index)
     device = torch.device("cuda", device_index)
     l2 = torch.cuda.get_device_properties(device_index).L2_cache_size
 
@@ -129,12 +130,12 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
             pdl = _USES_PDL[spec.name](device_index)  # launched as the op launches them
             timings = []
             for variant in variants:
-                launcher = kernels.get_launcher(variant, device_index, config)
+                launcher = RUNNER.get_launcher(variant, device_index, config)
                 ctx = dict(variant.values)
                 ctx.update(facts)
                 grid = int(_expr.evaluate(dict(spec.launch)["grid"], ctx))
                 launch = launcher.launch_pdl if pdl else launcher
-                us = time_graph_us(lambda i: launch(grid, sets[i][0][2]), len(sets))
+                us = time_graph_us(lambda i: launch(grid, sets[i][0]), len(sets))
                 timings.append((us, dict(variant.tunables)))
             timings.sort(key=lambda x: x[0])
             best_us, best = timings[0]
@@ -154,6 +155,6 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
 def table_doc(entries: list[dict[str, Any]], device_index: int = 0) -> dict[str, Any]:
     from .version import __version__
 
-    info = kernels.device_info(device_index)
+    info = device_info(device_index)
     return {"device": info.name, "arch": info.arch, "num_sms": info.num_sms, "gdnjit_version": __version__,
             "created": time.strftime("%Y-%m-%d %H:%M:%S"), "entries": entries}

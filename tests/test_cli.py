@@ -603,7 +603,7 @@ def test_unsupported_arch(cache_dir, argv, arch):
 
 def test_unsupported_local_arch(cache_dir, monkeypatch):
     """Without --arch, warm uses the local GPU's arch, and tune always does: checked the same way."""
-    from gdnjit import kernels
+    from gdnjit import runner
     from gdnjit.warm import SUPPORTED_ARCHS
 
     torch = pytest.importorskip("torch")
@@ -613,7 +613,7 @@ def test_unsupported_local_arch(cache_dir, monkeypatch):
                     f"{', '.join(SUPPORTED_ARCHS)}, got 'sm_80'")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    monkeypatch.setattr(kernels, "device_info", lambda i: kernels.DeviceInfo(i, "NVIDIA A100", "sm_80", 108))
+    monkeypatch.setattr(runner, "device_info", lambda i: runner.DeviceInfo(i, "NVIDIA A100", "sm_80", 108))
     line = bad_input(["tune", "--shapes", "qwen35.yaml"], cache_dir)
     assert line == f"gdnjit tune: the local GPU's arch: expected one of {', '.join(SUPPORTED_ARCHS)}, got 'sm_80'"
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 import gdnjit
-from gdnjit import dispatch, gdn, kernels
+from gdnjit import dispatch, gdn, runner
 from gdnjit.errors import SpecError
 from gdnjit.launch import Launcher
 from gdnjit.shapes import SHAPES_DIR, load_shapes
@@ -567,7 +567,7 @@ def no_launch():
     def reached(*a, **kw):
         raise Reached()
 
-    mp.setattr(kernels, "resolve", reached)
+    mp.setattr(runner.RUNNER, "resolve", reached)
     mp.setattr(Launcher, "__call__", reached)
     gdn._fast.clear()
     gdn._guarded.clear()

@@ -20,7 +20,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 def main() -> int:
     import torch
 
-    from gdnjit import expr, kernels
+    from gdnjit import expr
+    from gdnjit.runner import RUNNER, device_info
     from gdnjit.spec import get_spec
     from gdnjit.tune import _gdn_calls
     from gdnjit.variant import Variant
@@ -39,8 +40,8 @@ def main() -> int:
     spec = get_spec("gdn")
     params = params_for(args.mode, args.t)
     tunables = json.loads(args.tunables)
-    variant = Variant.make(spec, params, tunables, kernels.device_info(0).arch)
-    launcher = kernels.get_launcher(variant, 0)
+    variant = Variant.make(spec, params, tunables, device_info(0).arch)
+    launcher = RUNNER.get_launcher(variant, 0)
     ctx = dict(variant.values, B=args.b, H=args.h, HV=args.hv)
     grid = int(expr.evaluate(dict(spec.launch)["grid"], ctx))
     (call, _), = _gdn_calls(params, args.b, args.h, args.hv, torch.device("cuda"), lambda _: 1)

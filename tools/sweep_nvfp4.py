@@ -26,7 +26,8 @@ def main() -> int:
     ap.add_argument("--pdl", action="store_true", help="the enable_pdl=True variants, launched with PDL")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from gdnjit import dispatch, expr, kernels, nvfp4
+    from gdnjit import dispatch, expr, nvfp4
+    from gdnjit.runner import RUNNER, device_info
     from gdnjit.config import get_config
     from gdnjit.spec import get_spec
     from gdnjit.timing import time_graph_us
@@ -34,7 +35,7 @@ def main() -> int:
     from gdnjit.warm import warm
 
     dev = torch.cuda.current_device()
-    info = kernels.device_info(dev)
+    info = device_info(dev)
     spec = get_spec("nvfp4_quantize")
     bw = bc.copy_bandwidth(torch.device("cuda", dev))
     l2 = bc.l2_bytes(torch.device("cuda", dev))
@@ -49,23 +50,22 @@ def main() -> int:
             for _ in range(n_sets):
                 a = torch.randn(M, K, device="cuda", dtype=dt) * 3
                 fp4, sf, call = nvfp4._prepare(a, gs, enable_pdl=args.pdl)
-                sets.append(call + (a, fp4, sf))  # keep the input and both outputs alive while timing
-            params, facts, _, _ = sets[0][:4]
-            pdict = dict(zip(spec.param_names, params))
+                sets.append((call.arg_values(), a, fp4, sf))  # keep the input and both outputs alive while timing
+            pdict = dict(call.params)
             fdict = {"M": M, "num_sms": info.num_sms}
-            cands = [t for t in spec.all_tunable_choices() if not spec.violations(pdict, t)]
+            cands = [t for t in spec.all_tunable_choices() if spec.valid(pdict, t)]
             variants = [Variant.make(spec, pdict, t, info.arch) for t in cands]
             warm(variants, get_config())
             rule, _ = dispatch.select(spec, pdict, fdict)
             nbytes = M * K * 2 + M * K // 2 + M * K // 16
             res = []
             for v in variants:
-                launcher = kernels.get_launcher(v, dev)
+                launcher = RUNNER.get_launcher(v, dev)
                 ctx = dict(v.values)
                 ctx.update(fdict)
                 grid = int(expr.evaluate(dict(spec.launch)["grid"], ctx))
                 launch = launcher.launch_pdl if args.pdl else launcher
-                us = time_graph_us(lambda i: launch(grid, sets[i][2]), len(sets), replays=15)
+                us = time_graph_us(lambda i: launch(grid, sets[i][0]), len(sets), replays=15)
                 res.append((us, dict(v.tunables)))
             res.sort(key=lambda r: r[0])
             rule_us = next(us for us, t in res if t == rule)

@@ -23,7 +23,7 @@ from typing import Any
 import filelock
 import pytest
 
-from gdnjit import kernels
+from gdnjit import runner
 from gdnjit.cache import store
 from gdnjit.cache.key import CACHE_FORMAT, cache_key
 from gdnjit.cache.store import Built, DiskCache
@@ -273,7 +273,7 @@ def test_real_nvrtc_compile_through_the_cache(cache_config, tmp_path):
     for p in {str(tmp_path), str(tmp_path.resolve()), str(REPO)}:
         assert p not in text
 
-    hit = kernels.build_entry(v, cache_config)
+    hit = runner.build_entry(v, cache_config)
     assert hit.origin == "disk" and hit.cubin == e.cubin
     assert c.get_or_build(v.name, v.key_fields, build).cubin == e.cubin
     assert len(calls) == 1
@@ -695,7 +695,7 @@ def test_six_processes_race_on_three_keys(tmp_path, kill_children):
 
 _RACE_REAL = """
 cache_dir, log, ready_dir, go, idx, params, tunables = ARGS
-from gdnjit import kernels
+from gdnjit import runner
 from gdnjit import variant as V
 from gdnjit.spec import get_spec
 original = V.Variant.build
@@ -710,7 +710,7 @@ v = V.Variant.make(get_spec("gdn"), params, tunables, "sm_90")
 v.key  # compute the key (and NVRTC version) before the start line
 Path(ready_dir, str(idx)).touch()
 wait_for(go)
-e = kernels.build_entry(v, load_config({"GDNJIT_CACHE_DIR": cache_dir}))
+e = runner.build_entry(v, load_config({"GDNJIT_CACHE_DIR": cache_dir}))
 print(json.dumps({"sha": hashlib.sha256(e.cubin).hexdigest(), "created": e.meta["created"],
                   "origin": e.origin, "name": e.name}))
 """

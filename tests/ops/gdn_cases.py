@@ -218,10 +218,10 @@ def forced_tunables(spec, params: dict, base: dict, override: dict) -> dict | No
 @contextlib.contextmanager
 def forcing(override: dict):
     """Make the dispatcher pick a variant of the kind ``override`` names for every gdn call inside."""
-    from gdnjit import kernels
+    from gdnjit import runner
     from gdnjit.variant import Variant
 
-    orig = kernels.choose_variant
+    orig = runner.choose_variant
 
     def forced(spec, params, facts, arch, tuned=None):
         v = orig(spec, params, facts, arch, tuned)
@@ -229,13 +229,13 @@ def forcing(override: dict):
             return v
         return Variant.make(spec, params, forced_tunables(spec, params, dict(v.tunables), override), arch)
 
-    kernels.clear_launcher_cache()
-    kernels.choose_variant = forced
+    runner.RUNNER.clear()
+    runner.choose_variant = forced
     try:
         yield
     finally:
-        kernels.choose_variant = orig
-        kernels.clear_launcher_cache()
+        runner.choose_variant = orig
+        runner.RUNNER.clear()
 
 
 def _rel(x: torch.Tensor, ref: torch.Tensor) -> float:

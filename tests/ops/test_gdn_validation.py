@@ -38,7 +38,7 @@ def test_valid_direct_and_pool_pass():
     assert out.shape == (3, 1, 4, 128) and call is not None
     pool = torch.randn(7, 4, 128, 128)
     out, call = prep(direct=False, pool=pool, read_idx=torch.tensor([0, -1, 5], dtype=torch.int32))
-    params = dict(zip(gdnjit.spec.get_spec("gdn").param_names, call[0]))
+    params = call.params
     assert params["pool"] is True and params["idx_dtype"] == "int32" and params["same_pool"] is True
 
 
@@ -115,7 +115,7 @@ def test_page_strided_pool_accepted():
     backing = torch.randn(7, 4 * 128 * 128 + 64)
     pool = backing.as_strided((7, 4, 128, 128), (4 * 128 * 128 + 64, 128 * 128, 128, 1))
     out, call = prep(direct=False, pool=pool, read_idx=torch.tensor([6, 0, -1]))
-    assert call[2][13] == 4 * 128 * 128 + 64  # slot stride is a runtime argument
+    assert call.args["slot_stride"] == 4 * 128 * 128 + 64  # slot stride is a runtime argument
 
 
 def test_intermediate_and_ssm_errors():
@@ -143,7 +143,7 @@ def test_intermediate_and_ssm_errors():
 
 def test_kmajor_shapes():
     out, call = prep(layout="kmajor")
-    assert call[0][0] == "kmajor"
+    assert call.params["layout"] == "kmajor"
     with pytest.raises(ValueError, match=r"state: expected shape \[B, HV, K, V\]"):
         t = make()
         gdn._prepare("kmajor", t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"],
@@ -181,7 +181,7 @@ def test_public_api_errors_on_cpu_tensors():
 def _fake_dispatch(monkeypatch, launches, binds=None, pdl_capable=False):
     """Validation on CPU tensors; a launch records its pointers in ``launches`` instead of running (and
     each bind its PDL choice in ``binds``); empty memos."""
-    from gdnjit import gdn as g, kernels, validate
+    from gdnjit import gdn as g, runner, validate
 
     class FakeLauncher:
         def bind(self, grid, values, pdl=False):
@@ -190,8 +190,8 @@ def _fake_dispatch(monkeypatch, launches, binds=None, pdl_capable=False):
             return lambda ptrs: launches.append(ptrs)
 
     monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
-    monkeypatch.setattr(kernels, "resolve", lambda spec, params, facts, dev: (FakeLauncher(), 1))
-    monkeypatch.setattr(kernels, "supports_pdl", lambda dev: pdl_capable)
+    monkeypatch.setattr(runner.RUNNER, "resolve", lambda call: (FakeLauncher(), 1))
+    monkeypatch.setattr(g, "supports_pdl", lambda dev: pdl_capable)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # CPU torch lacks it
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(g, "_fast", {})

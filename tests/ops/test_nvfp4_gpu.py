@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import gdnjit
-from gdnjit import kernels, nvfp4
+from gdnjit import nvfp4
+from gdnjit.runner import RUNNER, device_info
 from gdnjit import expr as _expr
 from gdnjit.reference.nvfp4 import dequantize_reference, e4m3_decode, quantize_reference
 from gdnjit.sf_layout import SfLayout, sf_offsets
@@ -68,7 +69,7 @@ def run_poisoned(a, gs, layout):
     fp4.fill_(0xFF)
     sf.fill_(0xFF)
     if call is not None:
-        nvfp4._launch(call)
+        RUNNER.launch(call)
     return fp4, sf
 
 
@@ -135,7 +136,7 @@ def test_every_tunable_matches():
     """Variants the rules do not pick today (blocks_per_thread 4, every CTA size) are still exact."""
     spec = get_spec("nvfp4_quantize")
     dev = torch.cuda.current_device()
-    arch = kernels.device_info(dev).arch
+    arch = device_info(dev).arch
     hw = int(arch[3:].rstrip("af")) >= 100
     for dtype, K, layout in itertools.product(DTYPES, (64, 2048), LAYOUTS):
         a = make_input(130, K, dtype, seed=K)
@@ -148,12 +149,12 @@ def test_every_tunable_matches():
             if spec.violations(params, tun):
                 continue
             variant = Variant.make(spec, params, tun, arch)
-            launcher = kernels.get_launcher(variant, dev)
+            launcher = RUNNER.get_launcher(variant, dev)
             fp4, sf, call = nvfp4._prepare(a, gs, layout)
             fp4.fill_(0xFF)
             sf.fill_(0xFF)
             grid = _expr.evaluate(dict(spec.launch)["grid"], dict(variant.values, M=130, num_sms=1))
-            launcher(int(grid), call[2])
+            launcher(int(grid), call.arg_values())
             check((fp4, sf), ref, variant.describe())
 
 

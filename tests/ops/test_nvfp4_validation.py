@@ -39,10 +39,9 @@ def test_valid_call_params_and_args():
     fp4, sf, call = prep(a, 2.0)
     assert fp4.shape == (5, 32) and fp4.dtype == torch.uint8
     assert sf.shape == (128, 4) and sf.dtype == torch.uint8
-    params, facts, values, dev, _pdl = call
-    assert params == ("bf16", "128x4", 64, False, True) and facts == (5,) and dev == 0 and _pdl is True
-    spec = gdnjit.spec.get_spec("nvfp4_quantize")
-    named = dict(zip([n for n, _ in spec.args], values))
+    assert call.params == dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True)
+    assert call.facts == {"M": 5} and call.device == 0 and call.pdl is True
+    named = call.args
     assert named["x"] == a.data_ptr() and named["q"] == fp4.data_ptr() and named["sf"] == sf.data_ptr()
     assert named["gs_ptr"] == 0 and named["gs_value"] == 2.0
     assert named["x_stride"] == 64 and named["M"] == 5 and named["sf_rows"] == 128
@@ -50,7 +49,7 @@ def test_valid_call_params_and_args():
 
 def test_hw_e2m1_follows_arch():
     for arch, hw in (("sm_89", False), ("sm_90", False), ("sm_100a", True), ("sm_103a", True), ("sm_120a", True)):
-        assert prep(arch=arch)[2][0][3] is hw
+        assert prep(arch=arch)[2].params["hw_e2m1"] is hw
 
 
 @pytest.mark.parametrize("layout,shape", [
@@ -65,26 +64,26 @@ def test_layouts_and_padded_shapes(layout, shape):
 def test_strided_rows_flattening_and_dtypes():
     base = torch.randn(6, 200, dtype=torch.bfloat16)
     _, _, call = prep(base[:, 8:136])  # K = 128, row stride 200 elements (400 bytes)
-    assert call[2][4] == 200 and call[0][2] == 128
+    assert call.args["x_stride"] == 200 and call.params["K"] == 128
     x3 = torch.randn(2, 3, 256, dtype=torch.float16)
     fp4, sf, call = prep(x3, sfLayout="linear")
-    assert fp4.shape == (6, 128) and sf.shape == (6, 16) and call[1] == (6,) and call[0][0] == "fp16"
+    assert fp4.shape == (6, 128) and sf.shape == (6, 16) and call.facts == {"M": 6} and call.params["in_dtype"] == "fp16"
     x8 = torch.randn(4, 32).to(torch.float8_e4m3fn)
-    assert prep(x8)[2][0][0] == "fp8e4m3"
+    assert prep(x8)[2].params["in_dtype"] == "fp8e4m3"
     row = torch.randn(1, 16, dtype=torch.bfloat16)
-    assert prep(row)[2][1] == (1,)
+    assert prep(row)[2].facts == {"M": 1}
 
 
 def test_global_scale_tensor_and_float():
     gs = torch.tensor([3.0])
-    values = prep(gs=gs)[2][2]
-    assert values[3] == gs.data_ptr() and values[7] == 0.0
-    values = prep(gs=torch.tensor(0.5))[2][2]  # 0-dim works too
-    assert values[3] != 0
-    values = prep(gs=3)[2][2]
-    assert values[3] == 0 and values[7] == 3.0
-    values = prep(gs=0.1)[2][2]
-    assert values[7] == torch.tensor(0.1, dtype=torch.float32).item()  # rounded to float32 on the host
+    args = prep(gs=gs)[2].args
+    assert args["gs_ptr"] == gs.data_ptr() and args["gs_value"] == 0.0
+    args = prep(gs=torch.tensor(0.5))[2].args  # 0-dim works too
+    assert args["gs_ptr"] != 0
+    args = prep(gs=3)[2].args
+    assert args["gs_ptr"] == 0 and args["gs_value"] == 3.0
+    args = prep(gs=0.1)[2].args
+    assert args["gs_value"] == torch.tensor(0.1, dtype=torch.float32).item()  # rounded to float32 on the host
 
 
 def test_empty_input_needs_no_launch():
@@ -102,10 +101,9 @@ def test_empty_input_needs_no_launch():
 def test_enable_pdl_selects_the_pdl_variant_and_launch(arch, enable_pdl, expected):
     """enable_pdl decides both the compiled variant (param ``pdl``: the kernel waits on griddepcontrol) and
     the launch (with the programmatic-serialization attribute): the two always agree."""
-    params, _, _, _, launch_pdl = prep(arch=arch, enable_pdl=enable_pdl)[2]
-    spec = gdnjit.spec.get_spec("nvfp4_quantize")
-    assert dict(zip(spec.param_names, params))["pdl"] is expected
-    assert launch_pdl is expected
+    call = prep(arch=arch, enable_pdl=enable_pdl)[2]
+    assert call.params["pdl"] is expected
+    assert call.pdl is expected
 
 
 def test_enable_pdl_true_refused_before_sm_90():
@@ -209,8 +207,8 @@ def test_enable_pdl_resolution():
     x = torch.randn(4, 32, dtype=torch.bfloat16)
     for pdl, want in ((None, True), (False, False), (True, True)):
         call = prep(x, enable_pdl=pdl)[2]
-        assert call[4] is want and call[0][-1] is want
-    assert prep(x, arch="sm_89")[2][4] is False
+        assert call.pdl is want and call.params["pdl"] is want
+    assert prep(x, arch="sm_89")[2].pdl is False
     with pytest.raises(ValueError, match="enable_pdl"):
         prep(x, arch="sm_89", enable_pdl=True)
     with pytest.raises(TypeError, match="enable_pdl"):

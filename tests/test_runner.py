@@ -1,0 +1,122 @@
+"""The runner's named kernel interface (gdnjit/runner.py), on the CPU: an op's call reaches the launch
+buffer only through the names its spec declares, so a spec whose args are renamed or reordered is
+either refused by name or packed in its own order, never silently misread by position; and the
+runner, not a lower layer, drops its caches when the configuration is replaced."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import pytest
+import torch
+
+from gdnjit import config as _config
+from gdnjit import gdn, nvfp4
+from gdnjit.runner import RUNNER, KernelCall, KernelInterfaceError, pointer_names
+from gdnjit.spec import SPEC_DIR, get_spec, load_spec_file
+
+
+def _gdn_call() -> KernelCall:
+    B, T, H, HV, K, V = 3, 2, 2, 4, 128, 128
+    q = torch.randn(B, T, H, K, dtype=torch.bfloat16)
+    k = torch.randn_like(q)
+    v = torch.randn(B, T, HV, V, dtype=torch.bfloat16)
+    a = torch.randn(B, T, HV, dtype=torch.bfloat16)
+    b = torch.randn_like(a)
+    state = torch.randn(B, HV, V, K)
+    _, call = gdn._prepare("klast", q, k, v, torch.rand(HV), a, torch.randn(HV), b, state, None, None, None, None,
+                           None, None, True, True, True, require_cuda=False)
+    return call
+
+
+def _nvfp4_call() -> KernelCall:
+    return nvfp4._prepare(torch.randn(5, 64, dtype=torch.bfloat16), 2.0, require_cuda=False, arch="sm_90")[2]
+
+
+CALLS = {"gdn": _gdn_call, "nvfp4_quantize": _nvfp4_call}
+
+
+def _spec_copy(tmp_path, name: str, edit) -> object:
+    text = (SPEC_DIR / f"{name}.yaml").read_text()
+    new = edit(text)
+    assert new != text
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(new)
+    return load_spec_file(path)
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_calls_name_every_param_fact_and_arg(name):
+    call = CALLS[name]()
+    spec = get_spec(name)
+    assert call.spec is spec
+    assert set(call.params) == set(spec.param_names)
+    assert set(call.facts) == set(spec.facts) - {"num_sms"}
+    assert list(call.args) == [n for n, _ in spec.args]  # built in the spec's order, but packed by name
+    assert call.arg_values() == tuple(call.args[n] for n, _ in spec.args)
+
+
+@pytest.mark.parametrize("name,old,new", [("gdn", "scale", "qk_scale"), ("nvfp4_quantize", "x_stride", "row_stride")])
+def test_a_renamed_arg_is_refused_by_name(tmp_path, name, old, new):
+    """A copy of the spec with one kernel argument renamed: packing the op's call fails, naming both."""
+    renamed = _spec_copy(tmp_path, name, lambda t: re.sub(rf"(?m)^  {old}:", f"  {new}:", t, count=1))
+    call = dataclasses.replace(CALLS[name](), spec=renamed)
+    with pytest.raises(KernelInterfaceError, match=rf"args: .*missing \['{new}'\] and unknown \['{old}'\]"):
+        call.arg_values()
+
+
+@pytest.mark.parametrize("name,first,second", [("gdn", "q", "k"), ("gdn", "B", "HV"),
+                                               ("nvfp4_quantize", "M", "sf_rows")])
+def test_reordered_args_are_packed_in_the_spec_order(tmp_path, name, first, second):
+    """Swapping two args in a copy of the spec moves their values in the packed buffer with them: the
+    layout comes from the spec's names, not from the order the op module wrote them in."""
+
+    def swap(text):
+        a = re.search(rf"(?m)^  {first}: \w+.*$", text).group(0)
+        b = re.search(rf"(?m)^  {second}: \w+.*$", text).group(0)
+        return text.replace(a, "\0").replace(b, a).replace("\0", b)
+
+    swapped = _spec_copy(tmp_path, name, swap)
+    call = CALLS[name]()
+    packed = dataclasses.replace(call, spec=swapped).arg_values()
+    names = [n for n, _ in swapped.args]
+    assert names.index(first) > names.index(second)
+    assert packed == tuple(call.args[n] for n in names)
+    assert packed != call.arg_values() or call.args[first] == call.args[second]
+
+
+def test_a_missing_param_or_fact_is_refused_by_name():
+    call = _gdn_call()
+    params = dict(call.params)
+    del params["l2norm"]
+    with pytest.raises(KernelInterfaceError, match=r"params: .*missing \['l2norm'\]"):
+        dataclasses.replace(call, params=params).param_values()
+    with pytest.raises(KernelInterfaceError, match=r"facts: .*unknown \['num_sms'\]"):
+        dataclasses.replace(call, facts=dict(call.facts, num_sms=132)).fact_values()
+
+
+def test_bound_pointers_must_be_the_specs_leading_pointer_args(tmp_path):
+    """gdn's memoised path passes pointers positionally; the runner checks their names when it binds."""
+    assert pointer_names(get_spec("gdn")) == gdn._POINTERS
+    swapped = _spec_copy(tmp_path, "gdn", lambda t: t.replace("  q: ptr\n  k: ptr\n", "  k: ptr\n  q: ptr\n", 1))
+    call = dataclasses.replace(_gdn_call(), spec=swapped)
+    with pytest.raises(KernelInterfaceError, match=r"leading pointer args \['k', 'q', "):
+        RUNNER.bind(call, gdn._POINTERS)
+
+
+def test_a_replaced_config_clears_the_runner_and_the_ops_memos(tmp_path):
+    before = RUNNER.sync()
+    gdn._fast["x"] = 1
+    gdn._guarded["y"] = 2
+    RUNNER._resolved["z"] = 3
+    assert RUNNER.sync() is before
+    assert gdn._fast and gdn._guarded and RUNNER._resolved  # the same config: nothing dropped
+    _config.set_config(_config.load_config({"GDNJIT_CACHE_DIR": str(tmp_path)}))
+    try:
+        assert gdn._fast and RUNNER._resolved  # set_config itself reaches into no cache
+        after = RUNNER.sync()
+        assert after is not before
+        assert not gdn._fast and not gdn._guarded and not RUNNER._resolved
+    finally:
+        _config.set_config(None)
