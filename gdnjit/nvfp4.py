@@ -18,7 +18,6 @@ Packing: element ``2i`` in the low nibble of byte ``i``, ``2i + 1`` in the high 
 from __future__ import annotations
 
 import enum
-import functools
 import math
 import struct
 from typing import Optional, Tuple
@@ -45,10 +44,6 @@ _MAX_SF_BYTES = 2**32 - 2**12  # the kernel's 32-bit scale-byte offsets, with ro
 _F32 = struct.Struct("f")
 
 
-@functools.lru_cache(maxsize=None)
-def supported_k() -> frozenset:
-    """Row lengths K with a kernel variant (``params.K`` of ``specs/nvfp4_quantize.yaml``)."""
-    return frozenset(get_spec(SPEC).allowed("K"))
 
 
 def _layout(sfLayout) -> SfLayout:
@@ -129,11 +124,10 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
     if K <= 0 or K % SF_VEC_SIZE:
         raise ValueError(f"a: the last dim K must be a positive multiple of {SF_VEC_SIZE}, got K={K}")
     layout = _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)
-    if K not in supported_k():
-        raise ValueError(
-            f"a: no kernel variant for K={K} (K is compile-time; supported: {sorted(supported_k())}). To add it, "
-            f"append {K} to `params.K` in gdnjit/specs/nvfp4_quantize.yaml; it compiles on first use."
-        )
+    spec = get_spec(SPEC)
+    if not spec.accepts("K", K):  # K is compile-time: any K of the spec's domain compiles on first use
+        raise ValueError(f"a: the last dim K must satisfy {dict(spec.domains)['K']} "
+                         f"(gdnjit/specs/nvfp4_quantize.yaml), got K={K}")
     _v.inner_contiguous("a", a)
     try:
         x = a.view(-1, K)
@@ -175,7 +169,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
                   pdl=pdl)
     args = dict(x=x.data_ptr(), q=fp4.data_ptr(), sf=sf.data_ptr(), gs_ptr=gs_ptr, x_stride=x.stride(0), M=M,
                 sf_rows=sf_rows, gs_value=gs_value)
-    return fp4, sf, KernelCall(get_spec(SPEC), params, dict(M=M), args, dev, pdl=pdl)
+    return fp4, sf, KernelCall(spec, params, dict(M=M), args, dev, pdl=pdl)
 
 
 def nvfp4_quantize(
@@ -191,8 +185,9 @@ def nvfp4_quantize(
 
     Args:
         a: ``[M, K]`` float16 / bfloat16 / float8_e4m3fn CUDA tensor; more dims are flattened to
-            ``[numel // K, K]`` (they must be viewable so). K a multiple of 16 listed in
-            ``params.K`` of ``specs/nvfp4_quantize.yaml`` (real model sizes; append others there).
+            ``[numel // K, K]`` (they must be viewable so). K any multiple of 16 up to 2^20:
+            it is a compile-time constant, so a new K compiles once on first use (``gdnjit warm``
+            precompiles the K values a shapes file lists).
             The last dim must be contiguous; rows may be strided (the row stride is a kernel
             argument), with the base and the row stride 16-byte aligned. Compute capability >= 8.9.
         a_global_sf: the global scale ``gs``: a one-element float32 tensor on ``a``'s device (read
@@ -228,7 +223,7 @@ def nvfp4_quantize(
 
     Raises:
         TypeError / ValueError naming the argument: wrong types, dtypes, shapes, strides, devices,
-        K not a multiple of 16 or without a variant, unsupported options, unknown backend.
+        K not a multiple of 16 or above 2^20, unsupported options, unknown backend.
     """
     if backend != "gdnjit":
         layout = _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)  # unknown backend: raises

@@ -131,9 +131,9 @@ def load_shapes(name_or_path: str | Path) -> list[Problem]:
             if not vals:
                 raise err(f"{key}.params.{n}", "an empty list of values selects nothing", call, "params")
             for v in vals:
-                if v not in spec.allowed(n):
+                if not spec.accepts(n, v):
                     raise err(f"{key}.params.{n}", f"{v!r} is not allowed by spec {spec.name} "
-                              f"(allowed: {list(spec.allowed(n))})", call, "params")
+                              f"(allowed: {_allowed_text(spec, n)})", call, "params")
             lists.append(vals)
         for mname, dims in models.items():
             for tp in doc["tp"]:
@@ -143,8 +143,8 @@ def load_shapes(name_or_path: str | Path) -> list[Problem]:
                 for combo in itertools.product(*lists):
                     p = dict(zip(names, combo))
                     for d in dims_from_model:
-                        if dims[d] not in spec.allowed(d):
-                            raise err(f"models.{mname}", f"{d}={dims[d]} not supported (allowed: {list(spec.allowed(d))})",
+                        if not spec.accepts(d, dims[d]):
+                            raise err(f"models.{mname}", f"{d}={dims[d]} not supported (allowed: {_allowed_text(spec, d)})",
                                       models, mname)
                         p[d] = dims[d]
                     problems.append(Problem(cname, mname, tp, spec.name, tuple((n, p[n]) for n in spec.param_names),
@@ -160,3 +160,8 @@ def iter_facts(problem: Problem, num_sms: int) -> Iterator[dict[str, Any]]:
 
 def shipped_shapes() -> list[str]:
     return sorted(p.name for p in SHAPES_DIR.glob("*.yaml"))
+
+
+def _allowed_text(spec, name: str) -> str:
+    domain = dict(spec.domains).get(name)
+    return f"{list(spec.allowed(name))}" + (f" or an integer with {domain}" if domain else "")

@@ -8,6 +8,8 @@ Schema (see ``docs/specs.md`` for the guide)::
     template: file.cu.j2         # under gdnjit/templates
     kernel_name: str             # extern "C" entry point
     params:   {name: [values]}   # compile-time parameters fixed by the call (dtypes, K, T, flags)
+    param_domains: {name: expr}  # optional: an integer param may take any value for which expr holds
+                                 # (compiled on first use); its list is what warm and the checks enumerate
     tunables: {name: [values]}   # compile-time choices the dispatcher makes
     derived:  {name: expr}       # values computed from params + tunables (+ earlier derived)
     constraints: [{expr: str, why: str}]     # must all hold for a valid variant
@@ -33,7 +35,7 @@ from .yamlio import LineDict, LineList, read_yaml_file
 SPEC_DIR = Path(__file__).parent / "specs"
 _SCALAR = (bool, int, float, str)
 _TOP_KEYS = {
-    "name", "description", "template", "kernel_name", "params", "tunables", "derived",
+    "name", "description", "template", "kernel_name", "params", "param_domains", "tunables", "derived",
     "constraints", "facts", "rules", "launch", "args",
 }
 ARG_TYPES = ("ptr", "i64", "i32", "f32")
@@ -73,6 +75,7 @@ class Spec:
     launch: tuple[tuple[str, str], ...]
     args: tuple[tuple[str, str], ...]
     file: str
+    domains: tuple[tuple[str, str], ...] = ()  # param -> expression over it: values accepted beyond the list
 
     def __hash__(self) -> int:
         # memoised: a spec keys the validity caches, which hash it once per candidate checked
@@ -105,8 +108,22 @@ class Spec:
                 f"spec {self.name}: params must be exactly {sorted(names)}, got {sorted(params)}"
             )
         for n, vals in self.params:
-            if params[n] not in vals:
-                raise ValueError(f"spec {self.name}: param {n} must be one of {list(vals)}, got {params[n]!r}")
+            if not self.accepts(n, params[n]):
+                domain = dict(self.domains).get(n)
+                also = f" or an integer with {domain}" if domain else ""
+                raise ValueError(f"spec {self.name}: param {n} must be one of {list(vals)}{also}, got {params[n]!r}")
+
+    def accepts(self, name: str, value: Any) -> bool:
+        """Whether param ``name`` may take ``value``: a listed value, or an integer in its domain."""
+        if value in self.allowed(name):
+            return True
+        domain = dict(self.domains).get(name)
+        if domain is None or isinstance(value, bool) or not isinstance(value, int):
+            return False
+        try:
+            return bool(_expr.evaluate(domain, {name: value}))
+        except _expr.ExprError:
+            return False
 
     def variant_values(self, params: Mapping[str, Any], tunables: Mapping[str, Any]) -> dict[str, Any]:
         """params + tunables + derived values, in one dict (the template and launch context)."""
@@ -236,6 +253,33 @@ def _expr_str(value: Any, file: str, key: str, node: Any, sub: Any) -> str:
     return text
 
 
+def _param_domains(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, str], ...]:
+    """``param_domains``: integer params that accept any value for which an expression over the param
+    alone holds; every listed value must be inside (the list is what warm and the checks enumerate)."""
+    table = doc.get("param_domains", LineDict())
+    if not isinstance(table, dict):
+        raise _err(file, "param_domains", "expected a mapping of param name -> expression", doc, "param_domains")
+    out = []
+    for name, e in table.items():
+        key = f"param_domains.{name}"
+        if name not in dict(params):
+            raise _err(file, key, f"must name a param ({sorted(dict(params))})", table, name)
+        text = _expr_str(e, file, key, table, name)
+        if _expr.names_in(text) - {name}:
+            raise _err(file, key, f"may read only {name}, reads {sorted(_expr.names_in(text))}", table, name)
+        for v in dict(params)[name]:
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise _err(file, key, f"only integer params take a domain; {name} lists {v!r}", table, name)
+            try:
+                inside = _expr.evaluate(text, {name: v})
+            except _expr.ExprError as err:
+                raise _err(file, key, str(err), table, name) from None
+            if not inside:
+                raise _err(file, key, f"the listed value {v} is outside the domain", table, name)
+        out.append((name, text))
+    return tuple(out)
+
+
 def parse_spec(doc: Any, file: str) -> Spec:
     """Validate a parsed YAML document and build a :class:`Spec`; raises SpecError."""
     if not isinstance(doc, dict):
@@ -263,6 +307,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
     if clash:
         raise _err(file, "tunables", f"names used as both param and tunable: {sorted(clash)}", doc, "tunables")
     known = set(dict(params)) | set(dict(tunables))
+    domains = _param_domains(doc, file, params)
 
     derived_doc = doc.get("derived", LineDict())
     if not isinstance(derived_doc, dict):
@@ -345,7 +390,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
         name=doc["name"], description=str(doc.get("description", "")), template=template,
         kernel_name=doc["kernel_name"], params=params, tunables=tunables, derived=tuple(derived),
         constraints=tuple(constraints), facts=facts, rules=tuple(rules), launch=tuple(launch),
-        args=tuple(args_doc.items()), file=file,
+        args=tuple(args_doc.items()), file=file, domains=domains,
     )
     _check_fallbacks(spec, rules_doc)
     return spec

@@ -907,3 +907,37 @@ def test_explain_agrees_with_select():
                     chosen = [i for i, line in enumerate(lines) if "CHOSEN" in line]
                     assert chosen == [spec.rules.index(rule)]
                     assert all(re.match(rf"rule {i}: ", line) for i, line in enumerate(lines))
+
+# ---- param_domains ------------------------------------------------------------------------------
+
+
+def test_param_domain_accepts_values_beyond_the_list():
+    spec = get_spec("nvfp4_quantize")
+    assert dict(spec.domains) == {"K": "K % 16 == 0 and 16 <= K <= 1048576"}
+    assert spec.accepts("K", 7680) and spec.accepts("K", 16) and 7680 not in spec.allowed("K")
+    for bad in (8, 7688, 0, -16, 2**20 + 16, 7680.0, True, "7680", None):
+        assert not spec.accepts("K", bad), bad
+    assert not spec.accepts("in_dtype", "fp64") and spec.accepts("in_dtype", "bf16")
+    base = dict(in_dtype="bf16", sf_layout="linear", hw_e2m1=False, pdl=False)
+    spec.check_params(dict(base, K=7680))
+    with pytest.raises(ValueError, match=r"param K must be one of \[16, .*\] or an integer with K % 16 == 0"):
+        spec.check_params(dict(base, K=7688))
+
+
+@pytest.mark.parametrize("domains, reason", [
+    ('param_domains:\n  nope: "nope > 0"\n', "must name a param"),
+    ('param_domains:\n  K: "K % 16 == 0 and M > 0"\n', "may read only K"),
+    ('param_domains:\n  K: "K % 32 == 0"\n', "the listed value 16 is outside the domain"),
+    ('param_domains:\n  in_dtype: "in_dtype != 1"\n', "only integer params take a domain"),
+    ('param_domains:\n  K: "K %"\n', "syntax error"),
+    ('param_domains: [K]\n', "expected a mapping"),
+])
+def test_param_domain_errors(tmp_path, domains, reason):
+    text = (SPEC_DIR / "nvfp4_quantize.yaml").read_text()
+    i = text.index("param_domains:")
+    j = text.index("tunables:")
+    path = tmp_path / "nvfp4_quantize.yaml"
+    path.write_text(text[:i] + domains + "\n" + text[j:])
+    with pytest.raises(SpecError) as ei:
+        load_spec_file(path)
+    assert "param_domains" in str(ei.value) and reason in str(ei.value)

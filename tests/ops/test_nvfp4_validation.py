@@ -118,7 +118,6 @@ _BAD = [
     (dict(a=torch.randn(64, dtype=torch.bfloat16)), ValueError, "a: expected at least 2 dims"),
     (dict(a=torch.randn(4, 40, dtype=torch.bfloat16)), ValueError, "a: the last dim K must be a positive multiple of 16"),
     (dict(a=torch.randn(4, 0, dtype=torch.bfloat16)), ValueError, "a: the last dim K must be a positive multiple"),
-    (dict(a=torch.randn(4, 80, dtype=torch.bfloat16)), ValueError, "params.K` in gdnjit/specs/nvfp4_quantize.yaml"),
     (dict(a=torch.randn(64, 8, dtype=torch.bfloat16).t()), ValueError, "a: the last dimension must be contiguous"),
     (dict(a=torch.randn(4, 6, 64, dtype=torch.bfloat16).transpose(0, 1)), ValueError, "cannot be viewed as rows"),
     (dict(a=torch.randn(4, 80, dtype=torch.bfloat16)[:, 4:68]), ValueError, "a: data pointer must be 16-byte aligned"),
@@ -162,11 +161,23 @@ def test_argument_errors(over, exc, needle):
     assert needle in str(info.value)
 
 
-def test_unsupported_k_message_lists_how_to_add():
-    with pytest.raises(ValueError) as info:
-        prep(torch.randn(2, 96, dtype=torch.float16))
-    msg = str(info.value)
-    assert "K=96" in msg and "7168" in msg and "append 96" in msg
+@pytest.mark.parametrize("K", [80, 96, 7680, 16 * 997, 2**20])
+def test_any_multiple_of_16_is_a_variant(K):
+    """K is compile-time, but not limited to a list: any multiple of 16 in the spec's domain makes a call
+    (and a variant) with that K; the spec's K list is only what checks and warm enumerate."""
+    assert K not in gdnjit.spec.get_spec("nvfp4_quantize").allowed("K") or K == 2**20 or K == 96
+    fp4, sf, call = prep(torch.randn(2, K, dtype=torch.float16))
+    assert call.params["K"] == K and fp4.shape == (2, K // 2)
+    from gdnjit.variant import Variant
+
+    v = Variant.make(call.spec, call.params, {"blocks_per_thread": 1, "threads": 128}, "sm_90")
+    assert f"constexpr int K = {K};" in v.source()
+
+
+def test_k_beyond_the_domain_is_refused():
+    with pytest.raises(ValueError, match=r"a: the last dim K must satisfy K % 16 == 0 and 16 <= K <= 1048576 "
+                                         r"\(gdnjit/specs/nvfp4_quantize.yaml\), got K=1048592"):
+        prep(torch.empty(1, 2**20 + 16, dtype=torch.float16))
 
 
 def test_public_api_refuses_cpu_tensors():
