@@ -98,6 +98,21 @@ def test_matches_reference_bit_exact(dtype, layout, M, K):
         check(run_poisoned(a, gs, layout), quantize_reference(a, gs, layout), f"{dtype} {layout.name} M={M} K={K} {mode}")
 
 
+UNLISTED_K = [(64, 7680), (5, 80), (130, 16 * 997), (3, 2**20)]  # not in the spec's K list: compiled on first use
+
+
+@pytest.mark.parametrize("M,K", UNLISTED_K, ids=[f"M{m}-K{k}" for m, k in UNLISTED_K])
+@pytest.mark.parametrize("dtype", ["bf16", "fp8"])
+def test_unlisted_k_matches_reference_bit_exact(M, K, dtype):
+    assert K not in get_spec("nvfp4_quantize").allowed("K")
+    a = make_input(M, K, dtype, seed=K + M)
+    for layout in LAYOUTS:
+        gs = global_scale(a, "recipe-tensor")
+        check(run_poisoned(a, gs, layout), quantize_reference(a, gs, layout), f"{dtype} {layout.name} M={M} K={K}")
+    fp4, sf = gdnjit.nvfp4_quantize(a, global_scale(a, "recipe-float"))  # the public call, default layout
+    assert fp4.shape == (M, K // 2)
+
+
 def test_special_values_cpu_reference():
     """NaN / Inf / all-NaN blocks / signed zeros against the reference run on the CPU (the decisions in
     reference/nvfp4.py). The kernel takes every code's sign from the input element's bits and maps NaN to
