@@ -149,8 +149,8 @@ def cmd_tune(args) -> int:
     if args.call:
         problems = [p for p in problems if p.call in args.call]
     dedup = {}
-    for p in problems:  # models sharing (params, H, HV) measure the same thing
-        dedup.setdefault((p.spec, p.params, p.H, p.HV), p)
+    for p in problems:  # models sharing (params, facts) measure the same thing
+        dedup.setdefault((p.spec, p.params, p.facts), p)
     problems = list(dedup.values())[: args.max_problems or None]
     _cache(config, write=True, create=True)  # the candidates are compiled into it
     dev = torch.cuda.current_device()
@@ -427,7 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("tune", help="measure the candidate variants on this GPU and write a tuned table")
     p.add_argument("--shapes", action="append", required=True, help="shipped name or path; repeatable")
-    p.add_argument("--b", type=_positive, nargs="+", help="batch sizes to measure (default: the shapes file's)")
+    p.add_argument("--b", type=_positive, nargs="+", help="values of each problem's batch fact to measure (gdn: B, nvfp4_quantize: M; "
+                   "default: the shapes file's)")
     p.add_argument("--call", action="append", help="only these calls of the shapes file")
     p.add_argument("--max-problems", type=_nonnegative, default=0, help="measure at most this many (0: all)")
     p.add_argument("--out", help="table path (default: <cache dir>/tuned/<gpu>.json, merged)")

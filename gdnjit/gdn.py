@@ -481,3 +481,35 @@ def gated_delta_rule_mtp(
                scale, output, intermediate_states_buffer, ssm_state_indices, not disable_state_update, use_qk_l2norm,
                direct=False)
     return out, initial_state
+
+
+def example_call(params: dict, facts: dict, device) -> Tuple[object, tuple]:
+    """Random inputs for one problem of the ``gdn`` spec (``gdnjit tune`` times variants on them):
+    the named call and the tensors it points into (keep them alive while it runs)."""
+    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
+          "int64": torch.int64}
+    B, H, HV = facts["B"], facts["H"], facts["HV"]
+    K, V, T = params["K"], params["V"], params["T"]
+    trailing = (HV, V, K) if params["layout"] == "klast" else (HV, K, V)
+    slots = B * (T + 1) if params["ssm_idx_dtype"] != "none" else (2 * B if not params["same_pool"] else B)
+    ind = dt[params["in_dtype"]]
+    q, k = (torch.randn(B, T, H, K, device=device, dtype=ind) for _ in range(2))
+    v = torch.randn(B, T, HV, V, device=device, dtype=ind)
+    a, b = (torch.randn(B, T, HV, device=device, dtype=ind) for _ in range(2))
+    A_log = torch.rand(HV, device=device)
+    dt_bias = torch.randn(HV, device=device).to(dt[params["dtb_dtype"]])
+    pool = torch.randn(slots, *trailing, device=device).to(dt[params["state_dtype"]])
+    read = write = inter = ssm = None
+    if params["pool"]:
+        idt = dt[params["idx_dtype"]]
+        read = torch.randperm(B, device=device).to(idt)
+        if not params["same_pool"]:
+            write = (B + torch.randperm(B, device=device)).to(idt)
+        if params["ssm_idx_dtype"] != "none":
+            ssm = (B + torch.randperm(B * T, device=device)).reshape(B, T).to(dt[params["ssm_idx_dtype"]])
+    if params["inter_dtype"] != "none":
+        inter = torch.empty(B, T, *trailing, device=device, dtype=dt[params["inter_dtype"]])
+    out = torch.empty(B, T, HV, V, device=device, dtype=dt[params["out_dtype"]])
+    _, call = _prepare(params["layout"], q, k, v, A_log, a, dt_bias, b, pool, read, write, None, out, inter, ssm,
+                       params["update"], params["l2norm"], not params["pool"])
+    return call, (q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out)

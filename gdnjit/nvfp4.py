@@ -257,3 +257,14 @@ def dequantize_nvfp4(
         m = fp4.shape[0] if m is None else m
         k = 2 * fp4.shape[1] if k is None else k
     return dequantize_reference(fp4, sf, a_global_sf, _layout(sfLayout), m, k)
+
+
+def example_call(params: dict, facts: dict, device) -> Tuple[object, tuple]:
+    """Random inputs for one problem of the ``nvfp4_quantize`` spec (``gdnjit tune`` times variants on
+    them): the named call and the tensors it points into (keep them alive while it runs)."""
+    dtype = {v: k for k, v in _IN_DTYPES.items()}[params["in_dtype"]]
+    a = (torch.randn(facts["M"], params["K"], device=device) * 3).to(dtype)
+    gs = torch.tensor([448.0 * 6.0 / 10.0], device=device)
+    layout = {v: k for k, v in _LAYOUT_PARAM.items()}[params["sf_layout"]]
+    fp4, sf, call = _prepare(a, gs, layout, enable_pdl=params["pdl"])
+    return call, (a, gs, fp4, sf)

@@ -7,6 +7,8 @@ Schema (see ``docs/specs.md`` for the guide)::
     description: str
     template: file.cu.j2         # under gdnjit/templates
     kernel_name: str             # extern "C" entry point
+    module: str                  # optional: the op module (gdnjit.<module>) that builds the spec's calls;
+                                 # its example_call(params, facts, device) gives `gdnjit tune` inputs
     params:   {name: [values]}   # compile-time parameters fixed by the call (dtypes, K, T, flags)
     param_domains: {name: expr}  # optional: an integer param may take any value for which expr holds
                                  # (compiled on first use); its list is what warm and the checks enumerate
@@ -14,6 +16,13 @@ Schema (see ``docs/specs.md`` for the guide)::
     derived:  {name: expr}       # values computed from params + tunables (+ earlier derived)
     constraints: [{expr: str, why: str}]     # must all hold for a valid variant
     facts: [names]               # runtime facts the rules and launch may use (B, HV, num_sms, ...)
+    batch_fact: name             # optional (default: the first fact): the fact that grows with the load;
+                                 # shapes files list its values, tuned entries serve values within 2x
+    from_model: {name: expr}     # optional: params / facts a shapes file takes from a model's dims
+                                 # (an expression over the dims and tp), unless a call binds them itself
+    model_checks: [{expr: str, why: str}]    # optional: what a shapes file's model dims must satisfy
+    from_arch: {param: expr}     # optional: params the target arch decides (an expression over `arch`,
+                                 # e.g. 100 for sm_100a); warm / tune set them, shapes files do not
     rules: [{when: expr?, use: {tunable: value}, why: str}]  # ordered; first valid match wins
     launch: {grid: expr, block: expr, smem: expr}             # over facts + variant values
     args: {name: ptr|i64|i32|f32}  # the kernel's one by-value argument struct, in order
@@ -35,8 +44,8 @@ from .yamlio import LineDict, LineList, read_yaml_file
 SPEC_DIR = Path(__file__).parent / "specs"
 _SCALAR = (bool, int, float, str)
 _TOP_KEYS = {
-    "name", "description", "template", "kernel_name", "params", "param_domains", "tunables", "derived",
-    "constraints", "facts", "rules", "launch", "args",
+    "name", "description", "template", "kernel_name", "module", "params", "param_domains", "tunables", "derived",
+    "constraints", "facts", "batch_fact", "from_model", "model_checks", "from_arch", "rules", "launch", "args",
 }
 ARG_TYPES = ("ptr", "i64", "i32", "f32")
 
@@ -76,6 +85,16 @@ class Spec:
     args: tuple[tuple[str, str], ...]
     file: str
     domains: tuple[tuple[str, str], ...] = ()  # param -> expression over it: values accepted beyond the list
+    batch_fact: str = ""  # the fact shapes files list values of and tuned entries match within 2x ("" if no facts)
+    from_model: tuple[tuple[str, str], ...] = ()  # param / fact -> expression over a model's dims and tp
+    model_checks: tuple[Constraint, ...] = ()  # over a shapes file's model dims
+    from_arch: tuple[tuple[str, str], ...] = ()  # param -> expression over the target arch number
+    module: str = ""  # the op module under gdnjit that builds this spec's calls ("" if none)
+
+    def arch_params(self, arch: str) -> dict[str, Any]:
+        """The params ``from_arch`` sets for a target like ``sm_100a`` (what the op sets from the device)."""
+        number = int(str(arch)[3:].rstrip("af"))
+        return {n: _expr.evaluate(e, {"arch": number}) for n, e in self.from_arch}
 
     def __hash__(self) -> int:
         # memoised: a spec keys the validity caches, which hash it once per candidate checked
@@ -253,6 +272,28 @@ def _expr_str(value: Any, file: str, key: str, node: Any, sub: Any) -> str:
     return text
 
 
+def _shapes_keys(doc: LineDict, file: str, params: tuple, facts: tuple) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """``batch_fact`` (default: the first fact other than num_sms) and ``from_model`` (param or fact ->
+    expression over a shapes file's model dims and ``tp``: checked for syntax here, for names at
+    shapes-file load)."""
+    candidates = [f for f in facts if f != "num_sms"]
+    batch = doc.get("batch_fact", candidates[0] if candidates else "")
+    if batch not in candidates and (batch or candidates):
+        raise _err(file, "batch_fact", f"expected one of the facts {candidates}, got {batch!r}", doc, "batch_fact")
+    table = doc.get("from_model", LineDict())
+    if not isinstance(table, dict):
+        raise _err(file, "from_model", "expected a mapping of param or fact -> expression", doc, "from_model")
+    out = []
+    for name, e in table.items():
+        key = f"from_model.{name}"
+        if name not in dict(params) and name not in candidates:
+            raise _err(file, key, f"must name a param or a fact ({sorted(dict(params))}, {candidates})", table, name)
+        if name == batch:
+            raise _err(file, key, f"{name} is the batch fact: shapes files list its values", table, name)
+        out.append((name, _expr_str(e, file, key, table, name)))
+    return batch, tuple(out)
+
+
 def _param_domains(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, str], ...]:
     """``param_domains``: integer params that accept any value for which an expression over the param
     alone holds; every listed value must be inside (the list is what warm and the checks enumerate)."""
@@ -330,6 +371,32 @@ def parse_spec(doc: Any, file: str) -> Spec:
     facts = tuple(facts_doc)
     if set(facts) & known:
         raise _err(file, "facts", f"fact names clash with params/tunables: {sorted(set(facts) & known)}", doc, "facts")
+    batch_fact, from_model = _shapes_keys(doc, file, params, facts)
+    module = doc.get("module", "")
+    if not isinstance(module, str) or (module and not module.isidentifier()):
+        raise _err(file, "module", f"expected the name of a module under gdnjit (e.g. gdn), got {module!r}", doc,
+                   "module")
+    arch_doc = doc.get("from_arch", LineDict())
+    if not isinstance(arch_doc, dict):
+        raise _err(file, "from_arch", "expected a mapping of param -> expression over arch", doc, "from_arch")
+    from_arch = []
+    for name, e in arch_doc.items():
+        key = f"from_arch.{name}"
+        if name not in dict(params):
+            raise _err(file, key, f"must name a param ({sorted(dict(params))})", arch_doc, name)
+        text = _expr_str(e, file, key, arch_doc, name)
+        if _expr.names_in(text) - {"arch"}:
+            raise _err(file, key, f"may read only arch, reads {sorted(_expr.names_in(text))}", arch_doc, name)
+        from_arch.append((name, text))
+    checks_doc = doc.get("model_checks", LineList())
+    if not isinstance(checks_doc, list):
+        raise _err(file, "model_checks", "expected a list of {expr, why}", doc, "model_checks")
+    model_checks = []
+    for i, c in enumerate(checks_doc):
+        if not isinstance(c, dict) or set(c) - {"expr", "why"} or "expr" not in c:
+            raise _err(file, f"model_checks[{i}]", "expected a mapping with expr (and why)", checks_doc, i)
+        text = _expr_str(c["expr"], file, f"model_checks[{i}].expr", c, "expr")
+        model_checks.append(Constraint(text, str(c.get("why", "")), _line(checks_doc, i)))
 
     constraints = []
     cons_doc = doc.get("constraints", LineList())
@@ -390,7 +457,8 @@ def parse_spec(doc: Any, file: str) -> Spec:
         name=doc["name"], description=str(doc.get("description", "")), template=template,
         kernel_name=doc["kernel_name"], params=params, tunables=tunables, derived=tuple(derived),
         constraints=tuple(constraints), facts=facts, rules=tuple(rules), launch=tuple(launch),
-        args=tuple(args_doc.items()), file=file, domains=domains,
+        args=tuple(args_doc.items()), file=file, domains=domains, batch_fact=batch_fact, from_model=from_model,
+        model_checks=tuple(model_checks), from_arch=tuple(from_arch), module=module,
     )
     _check_fallbacks(spec, rules_doc)
     return spec

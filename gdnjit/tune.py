@@ -7,6 +7,8 @@ and writes a tuned table (``gdnjit/tuned.py``) that the dispatcher then prefers 
 
 from __future__ import annotations
 
+import dataclasses
+import importlib
 import math
 import time
 from typing import Any, Callable
@@ -14,7 +16,7 @@ from typing import Any, Callable
 from . import expr as _expr
 from .runner import RUNNER, device_info
 from .config import Config
-from .shapes import Problem
+from .shapes import Problem, iter_facts, params_for
 from .spec import get_spec
 from .variant import Variant
 from .warm import warm
@@ -24,56 +26,20 @@ _TOP = 8  # fastest candidates kept per entry
 _MEM_CAP = 24 << 30
 
 
-def _gdn_calls(params: dict[str, Any], B: int, H: int, HV: int, device, n_sets_for: Callable[[int], int]):
-    """Input sets for one gdn problem; returns a list of prepared kernel-argument tuples."""
-    import torch
-
-    from . import gdn
-
-    dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "int32": torch.int32,
-          "int64": torch.int64}
-    K, V, T = params["K"], params["V"], params["T"]
-    trailing = (HV, V, K) if params["layout"] == "klast" else (HV, K, V)
-    sdt = dt[params["state_dtype"]]
-    slots = B * (T + 1) if params["ssm_idx_dtype"] != "none" else (2 * B if not params["same_pool"] else B)
-    state_bytes = slots * HV * V * K * torch.empty(0, dtype=sdt).element_size()
-    calls = []
-    for _ in range(n_sets_for(state_bytes)):
-        ind = dt[params["in_dtype"]]
-        q = torch.randn(B, T, H, K, device=device, dtype=ind)
-        k = torch.randn(B, T, H, K, device=device, dtype=ind)
-        v = torch.randn(B, T, HV, V, device=device, dtype=ind)
-        a = torch.randn(B, T, HV, device=device, dtype=ind)
-        b = torch.randn(B, T, HV, device=device, dtype=ind)
-        A_log = torch.rand(HV, device=device)
-        dt_bias = torch.randn(HV, device=device).to(dt[params["dtb_dtype"]])
-        pool = torch.randn(slots, *trailing, device=device).to(sdt)
-        read = write = inter = ssm = None
-        if params["pool"]:
-            idt = dt[params["idx_dtype"]]
-            read = torch.randperm(B, device=device).to(idt)
-            if not params["same_pool"]:
-                write = (B + torch.randperm(B, device=device)).to(idt)
-            if params["ssm_idx_dtype"] != "none":
-                ssm = (B + torch.randperm(B * T, device=device)).reshape(B, T).to(dt[params["ssm_idx_dtype"]])
-        if params["inter_dtype"] != "none":
-            inter = torch.empty(B, T, *trailing, device=device, dtype=dt[params["inter_dtype"]])
-        out = torch.empty(B, T, HV, V, device=device, dtype=dt[params["out_dtype"]])
-        _, call = gdn._prepare(params["layout"], q, k, v, A_log, a, dt_bias, b, pool, read, write, None, out, inter,
-                               ssm, params["update"], params["l2norm"], not params["pool"])
-        # the kernel arguments in launch order, and the tensors they point into (kept alive while timing)
-        calls.append((call.arg_values(), (q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out)))
-    return calls
-
-
-def _gdn_uses_pdl(device_index: int) -> bool:
-    from . import gdn
-
-    return gdn.uses_pdl(device_index)
-
-
-_BUILDERS = {"gdn": _gdn_calls}
-_USES_PDL = {"gdn": _gdn_uses_pdl}
+def _input_sets(spec, params: dict[str, Any], facts: dict[str, Any], device, n_sets_for: Callable[[int], int]):
+    """Input sets for one problem from the spec's op module (``example_call``): a list of (kernel args in
+    launch order, the named call's PDL choice, the tensors they point into), as many as ``n_sets_for``
+    asks for the bytes of one set."""
+    if not spec.module:
+        raise ValueError(f"spec {spec.name}: no `module` (the op module whose example_call gives tune its inputs)")
+    op = importlib.import_module(f"gdnjit.{spec.module}")
+    sets = []
+    while True:
+        call, tensors = op.example_call(params, facts, device)
+        sets.append((call.arg_values(), call.pdl, tensors))
+        set_bytes = sum(t.numel() * t.element_size() for t in tensors if t is not None)
+        if len(sets) >= n_sets_for(set_bytes):
+            return sets
 
 
 def candidate_tunables(spec, params: dict[str, Any], where: str | None,
@@ -111,23 +77,20 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
     seen = set()
     for prob in problems:
         spec = get_spec(prob.spec)
-        params = dict(prob.params)
-        rule_choices = []
-        for B in batch_sizes or prob.batch_sizes:
-            facts = {"B": B, "H": prob.H, "HV": prob.HV, "num_sms": info.num_sms}
-            rule_choices.append(dispatch.select(spec, params, {f: facts[f] for f in spec.facts})[0])
+        params = params_for(prob, info.arch)
+        values = batch_sizes or prob.batch_sizes
+        problem_facts = [f for f in iter_facts(dataclasses.replace(prob, batch_sizes=tuple(values)), info.num_sms)]
+        rule_choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts})[0] for facts in problem_facts]
         candidates = candidate_tunables(spec, params, where, rule_choices)
         variants = [Variant.make(spec, params, t, info.arch) for t in candidates]
         warm(variants, config)
-        for B in batch_sizes or prob.batch_sizes:
-            memo = (prob.params, B, prob.H, prob.HV)
+        for facts, rule_tunables in zip(problem_facts, rule_choices):
+            memo = (spec.name, tuple(params.items()), tuple(sorted(facts.items())))
             if memo in seen:
                 continue
             seen.add(memo)
-            facts = {"B": B, "H": prob.H, "HV": prob.HV, "num_sms": info.num_sms}
-            rule_tunables, _ = dispatch.select(spec, params, {f: facts[f] for f in spec.facts})
-            sets = _BUILDERS[spec.name](params, B, prob.H, prob.HV, device, n_sets_for)
-            pdl = _USES_PDL[spec.name](device_index)  # launched as the op launches them
+            sets = _input_sets(spec, params, facts, device, n_sets_for)
+            pdl = sets[0][1]  # launched as the op launches them
             timings = []
             for variant in variants:
                 launcher = RUNNER.get_launcher(variant, device_index, config)
@@ -140,12 +103,13 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
             timings.sort(key=lambda x: x[0])
             best_us, best = timings[0]
             rule_us = next(us for us, t in timings if t == rule_tunables)
-            entries.append({"spec": spec.name, "params": params, "facts": {"B": B, "H": prob.H, "HV": prob.HV},
+            shown = {f: v for f, v in facts.items() if f != "num_sms"}
+            entries.append({"spec": spec.name, "params": params, "facts": shown,
                             "tunables": best, "us": round(best_us, 2), "rule_us": round(rule_us, 2),
                             "candidates": len(timings),
                             # the runners-up, for writing rules that hold across problems
                             "top": [{"us": round(us, 2), "tunables": t} for us, t in timings[:_TOP]]})
-            log(f"{spec.name} {prob.call} B={B} H={prob.H} HV={prob.HV} T={params.get('T')}: best {best} "
+            log(f"{spec.name} {prob.call} {' '.join(f'{f}={v}' for f, v in shown.items())}: best {best} "
                 f"{best_us:.1f} us, rules {rule_tunables} {rule_us:.1f} us ({len(timings)} candidates)")
             del sets
             torch.cuda.empty_cache()

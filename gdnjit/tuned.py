@@ -4,9 +4,9 @@ A table is JSON: ``{"device": name, "arch": ..., "num_sms": ..., "entries": [{"s
 "facts", "tunables", "us", "rule_us", "top"}]}`` (``top``: the fastest candidates with their
 times). Tables are looked up by a slug of the GPU name in the writable cache dir
 (``<cache>/tuned/``), the read-only cache dirs, then the package's shipped ``gdnjit/tuned/``. The
-dispatcher uses the entry with the same spec, params, H and HV whose batch
-size is nearest (in log scale) to the call's, within a factor of 2; without one it falls back to the
-spec's rules.
+dispatcher uses the entry with the same spec, params and facts (gdn: H, HV) whose value of the
+spec's batch fact (gdn: B, nvfp4_quantize: M) is nearest (in log scale) to the call's, within a
+factor of 2; without one it falls back to the spec's rules.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
+from .spec import get_spec
 
 SHIPPED_DIR = Path(__file__).parent / "tuned"
 # A tuned entry serves batch sizes within this factor of its own. Not more: the best variant changes with how B * HV
@@ -42,23 +43,41 @@ class TunedTable:
     def __init__(self, entries: list[dict[str, Any]]):
         self._by_problem: dict[tuple, list[tuple[int, dict]]] = {}
         for e in entries:
-            f = e["facts"]
-            key = (e["spec"], tuple(sorted(e["params"].items())), f["H"], f["HV"])
-            self._by_problem.setdefault(key, []).append((int(f["B"]), e["tunables"]))
+            batch = _batch_fact(e["spec"])
+            if batch is None or batch not in e["facts"]:
+                continue  # an entry of a spec this gdnjit does not ship (or malformed): the rules decide
+            key = _problem_key(e["spec"], e["params"], e["facts"], batch)
+            self._by_problem.setdefault(key, []).append((int(e["facts"][batch]), e["tunables"]))
 
     def lookup(self, spec: str, params: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
-        """The tunables of the entry for these params, H and HV whose batch size is nearest to the
-        call's (log scale; ties to the smaller), if that is within a factor of :data:`MAX_B_RATIO`;
-        else None (the rules decide: a table tuned at B = 8 says nothing about B = 512)."""
-        cands = self._by_problem.get((spec, tuple(sorted(params.items())), facts.get("H"), facts.get("HV")))
+        """The tunables of the entry for these params and facts (all but the spec's batch fact and
+        num_sms) whose batch-fact value is nearest to the call's (log scale; ties to the smaller), if
+        that is within a factor of :data:`MAX_B_RATIO`; else None (the rules decide: a table tuned at
+        B = 8 says nothing about B = 512)."""
+        batch = _batch_fact(spec)
+        if batch is None:
+            return None
+        cands = self._by_problem.get(_problem_key(spec, params, facts, batch))
         if not cands:
             return None
-        B = max(int(facts.get("B", 1)), 1)
+        B = max(int(facts.get(batch, 1)), 1)
         tb, tunables = min(cands, key=lambda c: (abs(math.log(c[0]) - math.log(B)), c[0]))
         return tunables if abs(math.log(tb) - math.log(B)) <= math.log(MAX_B_RATIO) + 1e-9 else None
 
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_problem.values())
+
+
+def _batch_fact(spec: str) -> str | None:
+    try:
+        return get_spec(spec).batch_fact
+    except ValueError:
+        return None
+
+
+def _problem_key(spec: str, params: dict[str, Any], facts: dict[str, Any], batch: str) -> tuple:
+    return (spec, tuple(sorted(params.items())),
+            tuple(sorted((f, v) for f, v in facts.items() if f not in (batch, "num_sms"))))
 
 
 def load_tables(config: Config, device_name: str) -> TunedTable:

@@ -17,7 +17,7 @@ from .cache import DiskCache
 from .cache.key import cache_key
 from .config import Config
 from .errors import CompileError
-from .shapes import Problem, iter_facts
+from .shapes import Problem, iter_facts, params_for
 from .spec import get_spec
 from .variant import Variant
 
@@ -69,7 +69,7 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
         counts = tuple(num_sms) if num_sms else sm_counts_for(arch)
         for prob in problems:
             spec = get_spec(prob.spec)
-            params = dict(prob.params)
+            params = params_for(prob, arch)
             for sms in counts:
                 for facts in iter_facts(prob, sms):
                     choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts})[0]]
@@ -79,7 +79,7 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
                             choices.append(t)
                     for tunables in choices:
                         # sorted: a rule's tunables come in spec order, a tuned table's in JSON key order
-                        memo = (spec.name, prob.params, tuple(sorted(tunables.items())), arch)
+                        memo = (spec.name, tuple(params.items()), tuple(sorted(tunables.items())), arch)
                         if memo not in seen:
                             seen[memo] = Variant.make(spec, params, tunables, arch)
     return list(seen.values())

@@ -33,7 +33,7 @@ import gdnjit
 from gdnjit import dispatch, gdn, runner
 from gdnjit.errors import SpecError
 from gdnjit.launch import Launcher
-from gdnjit.shapes import SHAPES_DIR, load_shapes
+from gdnjit.shapes import SHAPES_DIR, load_shapes, params_for
 from gdnjit.spec import SPEC_DIR, get_spec, parse_spec
 from gdnjit.yamlio import LineDict, LineList, load_yaml, read_yaml_file
 
@@ -290,10 +290,14 @@ def test_fuzz_shapes_loader(case, n):
     finally:
         path.unlink(missing_ok=True)
     event("loaded")
-    for p in problems:  # what loads is usable: valid params, positive heads
+    for p in problems:  # what loads is usable: valid params for every arch, positive facts
         spec = get_spec(p.spec)
-        spec.check_params(dict(p.params))
-        assert p.H >= 1 and p.HV >= 1 and p.HV % p.H == 0 and p.tp >= 1
+        for arch in ("sm_90", "sm_100a"):
+            spec.check_params(params_for(p, arch))
+        facts = dict(p.facts)
+        assert all(isinstance(v, int) and v >= 1 for v in facts.values()) and p.tp >= 1
+        if p.spec == "gdn":
+            assert facts["HV"] % facts["H"] == 0
         assert p.batch_sizes and all(isinstance(b, int) and b > 0 for b in p.batch_sizes)
 
 

@@ -1,5 +1,6 @@
-"""Shapes files: the shipped ones load by name, name without ``.yaml`` and path; problems carry
-heads divided by the tensor-parallel degree; every error names file, key and line."""
+"""Shapes files: the shipped ones load by name, name without ``.yaml`` and path; problems of any spec
+take params and facts from a model's dims (the spec's ``from_model``, a call's own bindings), heads
+divided by the tensor-parallel degree; every error names file, key and line."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 import yaml
 
 from gdnjit.errors import SpecError
-from gdnjit.shapes import SHAPES_DIR, Problem, iter_facts, load_shapes, resolve_path, shipped_shapes
+from gdnjit.shapes import SHAPES_DIR, Problem, iter_facts, load_shapes, params_for, resolve_path, shipped_shapes
 from gdnjit.spec import get_spec
 
 SHIPPED = ["qwen35.yaml", "qwen3_next.yaml"]
@@ -94,52 +95,131 @@ def test_load_by_path_copy(tmp_path):
 def test_shipped_problems(fname):
     doc = yaml.safe_load((SHAPES_DIR / fname).read_text())
     problems = load_shapes(fname)
-    spec = get_spec("gdn")
-    # one problem per model x tp x (product of each call's list-valued params)
+    # one problem per model x tp x (product of each call's list-valued params and bound dims)
     n_combos = 0
     for call in doc["calls"]:
         k = 1
-        for v in call["params"].values():
+        for v in [*call.get("params", {}).values(), *call.get("from_model", {}).values()]:
             k *= len(v) if isinstance(v, list) else 1
         n_combos += k
     assert len(problems) == len(doc["models"]) * len(doc["tp"]) * n_combos
     for pr in problems:
         assert isinstance(pr, Problem)
+        spec = get_spec(pr.spec)
+        call = next(c for c in doc["calls"] if c["name"] == pr.call)
+        assert pr.spec == call["spec"]
         dims = doc["models"][pr.model]
         assert pr.tp in doc["tp"]
-        assert pr.H == dims["H"] // pr.tp and pr.HV == dims["HV"] // pr.tp
-        assert pr.H * pr.tp == dims["H"] and pr.HV * pr.tp == dims["HV"]
-        params = dict(pr.params)
-        assert tuple(params) == spec.param_names
-        spec.check_params(params)
-        assert params["K"] == dims["K"] and params["V"] == dims["V"]
-        assert pr.batch_sizes == tuple(doc["batch_sizes"])
-        assert pr.spec == "gdn"
-        assert pr.call in {c["name"] for c in doc["calls"]}
+        params, facts = dict(pr.params), dict(pr.facts)
+        by_arch = dict(spec.from_arch)
+        assert tuple(params) == tuple(n for n in spec.param_names if n not in by_arch)
+        for arch in ("sm_90", "sm_100a"):
+            full = params_for(pr, arch)
+            spec.check_params(full)
+            assert {n: full[n] for n in by_arch} == spec.arch_params(arch)
+        assert pr.batch_fact == spec.batch_fact and pr.batch_sizes == tuple(call.get("batch_sizes", doc["batch_sizes"]))
+        if pr.spec == "gdn":
+            assert facts == {"H": dims["H"] // pr.tp, "HV": dims["HV"] // pr.tp}
+            assert facts["H"] * pr.tp == dims["H"] and facts["HV"] * pr.tp == dims["HV"]
+            assert params["K"] == dims["K"] and params["V"] == dims["V"]
+        else:
+            assert pr.spec == "nvfp4_quantize" and facts == {}
+            assert params["K"] in {dims["hidden"], dims["intermediate"] // pr.tp}
     # every tp degree occurs for every model
     assert {(p.model, p.tp) for p in problems} == {(m, t) for m in doc["models"] for t in doc["tp"]}
 
 
+@pytest.mark.parametrize("fname", SHIPPED)
+def test_shipped_files_list_the_nvfp4_shapes(fname):
+    """The models' NVFP4 activation shapes: K = hidden size (attention / MoE inputs) and the per-GPU
+    intermediate size (down-projection inputs), bf16 in the 128x4 layout, M over the token counts."""
+    doc = yaml.safe_load((SHAPES_DIR / fname).read_text())
+    nv = [p for p in load_shapes(fname) if p.spec == "nvfp4_quantize"]
+    assert {(p.model, p.tp, dict(p.params)["K"]) for p in nv} == {
+        (m, tp, k) for m, d in doc["models"].items() for tp in doc["tp"] for k in (d["hidden"], d["intermediate"] // tp)}
+    assert all(p.batch_fact == "M" and max(p.batch_sizes) >= 4096 for p in nv)
+
+
+def heads(p: Problem) -> tuple[int, int]:
+    f = dict(p.facts)
+    return f["H"], f["HV"]
+
+
 def test_qwen35_heads_divided_by_tp():
-    problems = load_shapes("qwen35")
-    big = {(p.tp, p.H, p.HV) for p in problems if p.model == "qwen3.5-397b-a17b"}
+    problems = [p for p in load_shapes("qwen35") if p.spec == "gdn"]
+    big = {(p.tp, *heads(p)) for p in problems if p.model == "qwen3.5-397b-a17b"}
     assert big == {(1, 16, 64), (2, 8, 32), (4, 4, 16), (8, 2, 8)}
-    small = {(p.tp, p.HV) for p in problems if p.model == "qwen3.5-35b-a3b"}
+    small = {(p.tp, heads(p)[1]) for p in problems if p.model == "qwen3.5-35b-a3b"}
     assert small == {(1, 32), (2, 16), (4, 8), (8, 4)}
 
 
 def test_iter_facts():
     pr = load_shapes("qwen3_next")[0]
+    H, HV = heads(pr)
     facts = list(iter_facts(pr, 132))
     assert [f["B"] for f in facts] == list(pr.batch_sizes)
-    assert all(f == {"B": f["B"], "H": pr.H, "HV": pr.HV, "num_sms": 132} for f in facts)
+    assert all(f == {"B": f["B"], "H": H, "HV": HV, "num_sms": 132} for f in facts)
+    nv = next(p for p in load_shapes("qwen3_next") if p.spec == "nvfp4_quantize")
+    assert [f for f in iter_facts(nv, 78)] == [{"M": m, "num_sms": 78} for m in nv.batch_sizes]
 
 
 def test_small_doc_valid(tmp_path):
     problems = load_shapes(write(tmp_path, dump(small_doc())))
     assert len(problems) == 1 * 2 * 2
     assert {dict(p.params)["state_dtype"] for p in problems} == {"fp32", "bf16"}
-    assert {(p.tp, p.H, p.HV) for p in problems} == {(1, 16, 32), (2, 8, 16)}
+    assert {(p.tp, *heads(p)) for p in problems} == {(1, 16, 32), (2, 8, 16)}
+
+
+def test_nvfp4_call_binds_k_from_model_dims(tmp_path):
+    doc = small_doc()
+    doc["models"]["m"].update(hidden=2048, intermediate=768)
+    doc["calls"].append({"name": "quant", "spec": "nvfp4_quantize",
+                         "params": {"in_dtype": "bf16", "sf_layout": "128x4", "pdl": True},
+                         "from_model": {"K": ["hidden", "intermediate / tp"]}, "batch_sizes": [16, 8192]})
+    nv = [p for p in load_shapes(write(tmp_path, dump(doc))) if p.spec == "nvfp4_quantize"]
+    assert {(p.tp, dict(p.params)["K"]) for p in nv} == {(1, 2048), (1, 768), (2, 2048), (2, 384)}
+    assert all(p.batch_sizes == (16, 8192) and p.batch_fact == "M" and p.facts == () for p in nv)
+
+
+def test_k_outside_the_list_but_in_the_domain(tmp_path):
+    doc = small_doc()
+    doc["models"]["m"].update(hidden=7680)
+    doc["calls"] = [{"name": "q", "spec": "nvfp4_quantize", "from_model": {"K": "hidden"},
+                     "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False}}]
+    doc["defaults"] = {}
+    assert {dict(p.params)["K"] for p in load_shapes(write(tmp_path, dump(doc)))} == {7680}
+    doc["models"]["m"]["hidden"] = 7688
+    text = dump(doc)
+    e = shapes_error(tmp_path, text, "models.m", line_of(text, r"^\s+m:"))
+    assert "K=7688 not supported" in e.reason and "K % 16 == 0" in e.reason
+
+
+def test_tp_not_dividing_a_bound_dim(tmp_path):
+    doc = small_doc()
+    doc["models"]["m"].update(H=32, HV=32, hidden=2048, intermediate=1008)
+    doc["tp"] = [1, 32]
+    doc["calls"] = [{"name": "q", "spec": "nvfp4_quantize", "from_model": {"K": "intermediate / tp"},
+                     "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False}}]
+    doc["defaults"] = {}
+    text = dump(doc)
+    e = shapes_error(tmp_path, text, "tp", line_of(text, r"^tp:"))
+    assert "degree 32 does not divide K of m: intermediate / tp = 31.5" in e.reason
+
+
+@pytest.mark.parametrize("bind, key, reason", [
+    ({"X": "hidden"}, "calls[1].from_model.X", "expected a param or fact of spec nvfp4_quantize"),
+    ({"M": "hidden"}, "calls[1].from_model.M", "expected a param or fact"),  # the batch fact is listed, not bound
+    ({"K": "hidden +"}, "calls[1].from_model.K", "syntax error"),
+    ({"K": "nope"}, "models.m", "K = nope"),
+])
+def test_bad_from_model(tmp_path, bind, key, reason):
+    doc = small_doc()
+    doc["models"]["m"]["hidden"] = 2048
+    doc["calls"].append({"name": "q", "spec": "nvfp4_quantize", "from_model": bind,
+                         "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False}})
+    text = dump(doc)
+    e = shapes_error(tmp_path, text, key, None)
+    assert reason in e.reason
 
 
 def test_call_params_override_defaults(tmp_path):
@@ -194,8 +274,6 @@ def test_optional_keys(tmp_path):
 @pytest.mark.parametrize(
     "dims",
     [
-        "{H: 16, HV: 64, K: 128}",  # missing V
-        "{H: 16, HV: 64, K: 128, V: 128, W: 1}",  # extra key
         "{H: 0, HV: 64, K: 128, V: 128}",
         "{H: -16, HV: 64, K: 128, V: 128}",
         "{H: 16, HV: 64.0, K: 128, V: 128}",
@@ -212,6 +290,20 @@ def test_bad_model_dims(tmp_path, dims):
     assert "positive integers" in e.reason
 
 
+def test_model_missing_a_dim_the_spec_takes(tmp_path):
+    pat = r"^\s+qwen3\.5-122b-a10b:"
+    text = re.sub(r"(?m)^(\s+qwen3\.5-122b-a10b:).*$", r"\1 {H: 16, HV: 64, K: 128, hidden: 3072, intermediate: 1024}",
+                  QWEN35)
+    e = shapes_error(tmp_path, text, "models.qwen3.5-122b-a10b", line_of(QWEN35, pat))
+    assert "V = V:" in e.reason and "undefined" in e.reason
+
+
+def test_model_dims_other_specs_use_are_allowed(tmp_path):
+    doc = small_doc()
+    doc["models"]["m"]["conv_dim"] = 8192  # read by no call here: harmless
+    assert load_shapes(write(tmp_path, dump(doc)))
+
+
 def test_model_dim_not_supported_by_spec(tmp_path):
     pat = r"^\s+qwen3\.5-27b:"
     text = re.sub(r"(?m)^(\s+qwen3\.5-27b:).*$", r"\1 {H: 16, HV: 48, K: 96, V: 128}", QWEN35)
@@ -223,7 +315,7 @@ def test_hv_not_multiple_of_h(tmp_path):
     pat = r"^\s+qwen3\.5-27b:"
     text = re.sub(r"(?m)^(\s+qwen3\.5-27b:).*$", r"\1 {H: 16, HV: 40, K: 128, V: 128}", QWEN35)
     e = shapes_error(tmp_path, text, "models.qwen3.5-27b", line_of(QWEN35, pat))
-    assert "HV=40 must be a multiple of H=16" in e.reason
+    assert "HV % H == 0 does not hold for H=16, HV=40, K=128, V=128" in e.reason
 
 
 @pytest.mark.parametrize("value", ["[]", "3", "[1, 0]", "[1, -2]", "[1, 2.0]", "[true]", "[1, '2']"])
@@ -297,8 +389,8 @@ def test_unknown_default_param(tmp_path):
     doc = small_doc()
     doc["defaults"]["bogus"] = 1
     text = dump(doc)
-    e = shapes_error(tmp_path, text, "calls[0].params", line_of(text, r"^\s+params:"))
-    assert "['bogus']" in e.reason
+    e = shapes_error(tmp_path, text, "defaults", line_of(text, r"^defaults:"))
+    assert "['bogus']" in e.reason and "no call's spec has them" in e.reason
 
 
 def test_missing_params(tmp_path):
@@ -330,3 +422,20 @@ def test_disallowed_default(tmp_path):
     text = QWEN35.replace("  in_dtype: bf16\n", "  in_dtype: fp8\n", 1)
     e = shapes_error(tmp_path, text, "calls[0].params.in_dtype", None)
     assert "'fp8'" in e.reason
+
+
+def test_arch_params_are_not_set_by_shapes_files(tmp_path):
+    """hw_e2m1 follows the target arch (the op sets it from the device): warm sets it per --arch."""
+    doc = small_doc()
+    doc["models"]["m"]["hidden"] = 2048
+    doc["calls"].append({"name": "q", "spec": "nvfp4_quantize", "from_model": {"K": "hidden"},
+                         "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "hw_e2m1": True}})
+    text = dump(doc)
+    e = shapes_error(tmp_path, text, "calls[1].params", None)
+    assert "['hw_e2m1']: set from the target arch" in e.reason
+    assert get_spec("nvfp4_quantize").arch_params("sm_90") == {"hw_e2m1": False}
+    assert get_spec("nvfp4_quantize").arch_params("sm_100a") == {"hw_e2m1": True}
+    from gdnjit import nvfp4
+
+    for arch, n in (("sm_89", 89), ("sm_90", 90), ("sm_100a", 100), ("sm_120a", 120)):  # the op agrees
+        assert get_spec("nvfp4_quantize").arch_params(arch)["hw_e2m1"] is (n >= nvfp4._HW_E2M1_ARCH)
