@@ -11,8 +11,9 @@ import functools
 from typing import Any, Callable, Mapping
 
 import jinja2
-import jinja2.meta
 import jinja2.sandbox
+from jinja2 import nodes
+from jinja2.parser import Parser
 
 
 def wave_fill_pct(ctas: int, slots: int) -> int:
@@ -37,7 +38,10 @@ class ExprError(ValueError):
 
 @functools.lru_cache(maxsize=4096)
 def compile_expr(text: str) -> Callable[..., Any]:
-    """Compile ``text`` once; returns a callable taking keyword values. Raises ExprError."""
+    """Compile ``text`` once; returns a callable taking keyword values. Raises ExprError.
+
+    Loading a spec only checks its expressions (:func:`check_expr`); each is compiled here when first
+    evaluated (a Jinja compile costs ~1 ms, and a dispatch reads a few of a spec's ~80 expressions)."""
     if not isinstance(text, str) or not text.strip():
         raise ExprError(f"expected a non-empty expression string, got {text!r}")
     try:
@@ -46,14 +50,87 @@ def compile_expr(text: str) -> Callable[..., Any]:
         raise ExprError(f"syntax error in expression {text!r}: {e.message}") from None
 
 
+# Node types for which Jinja's code generator has no check of its own that can fail, when a call passes no
+# keyword or * / ** arguments (a keyword named like a Python keyword, or repeated, fails in Python's
+# compile). Filters and tests are not among them: an unknown one fails in the generator.
+_PLAIN_NODES = (
+    nodes.Name, nodes.Const, nodes.Tuple, nodes.List, nodes.CondExpr, nodes.Compare, nodes.Operand,
+    nodes.BinExpr, nodes.UnaryExpr, nodes.Concat, nodes.Call, nodes.Getattr, nodes.Getitem, nodes.Slice,
+)
+# Name-free nodes that Jinja's constant folding turns into a value of the same size (or leaves alone). Other
+# name-free parts are folded while compiling, which can fail: 10 ** 9999 (too many digits to write out),
+# {[1]: 2} (TypeError); only small arithmetic (48 * 1024, -1) is let through (_small_arithmetic).
+_LITERALS = (nodes.Const, nodes.Tuple, nodes.List, nodes.Slice)
+_MAX_PLAIN_DEPTH = 32  # the generated Python nests ~2 parentheses a level; Python allows 200
+
+
+class _NotPlain(Exception):
+    pass
+
+
+def _plain_names(node: nodes.Node, depth: int = 0) -> bool:
+    """Whether ``node`` reads a name; raises _NotPlain unless compiling it cannot fail (see above)."""
+    if depth > _MAX_PLAIN_DEPTH or not isinstance(node, _PLAIN_NODES):
+        raise _NotPlain
+    if isinstance(node, nodes.Call) and (node.kwargs or node.dyn_args or node.dyn_kwargs):
+        raise _NotPlain
+    if isinstance(node, nodes.Name):
+        return True
+    reads = False
+    for child in node.iter_child_nodes():
+        reads = _plain_names(child, depth + 1) or reads
+    if not reads and not isinstance(node, (_LITERALS, nodes.Operand)) and not _small_arithmetic(node):
+        raise _NotPlain  # (an Operand, one comparison's right-hand side, is not folded alone)
+    return reads
+
+
+def _small_arithmetic(node: nodes.Node) -> bool:
+    """``node`` is + - * / // % (not **) and unary signs over at most 8 numbers below 2**64: folded, an integer
+    below 2**512 or a float (an error, e.g. division by zero, is not folded: Jinja compiles the operation)."""
+    leaves = []
+
+    def walk(n: nodes.Node) -> bool:
+        if isinstance(n, nodes.Const):
+            leaves.append(n.value)
+            return isinstance(n.value, (int, float)) and abs(n.value) < 2 ** 64 and len(leaves) <= 8
+        if isinstance(n, (nodes.Add, nodes.Sub, nodes.Mul, nodes.Div, nodes.FloorDiv, nodes.Mod)):
+            return walk(n.left) and walk(n.right)
+        return isinstance(n, (nodes.Neg, nodes.Pos)) and walk(n.node)
+
+    return walk(node)
+
+
 @functools.lru_cache(maxsize=4096)
-def names_in(text: str) -> frozenset[str]:
-    """The free variable names an expression refers to (without builtins like ``min``)."""
+def check_expr(text: str) -> frozenset[str]:
+    """Refuse every text :func:`compile_expr` refuses, with the same error; return the free names (without
+    builtins like ``min``). What passes here compiles later, at its first evaluation.
+
+    Cheaply: the text is parsed as ``compile_expression`` parses it, and also compiled only where the parse
+    cannot decide (:func:`_plain_names`: filters, tests, keyword arguments, foldable constants, deep nesting)."""
+    if not isinstance(text, str) or not text.strip():
+        raise ExprError(f"expected a non-empty expression string, got {text!r}")
     try:
-        ast = _ENV.parse("{{ " + text + " }}")
+        parser = Parser(_ENV, text, state="variable")
+        node = parser.parse_expression()
+        if not parser.stream.eos:
+            raise jinja2.TemplateSyntaxError("chunk after expression", parser.stream.current.lineno, None, None)
     except jinja2.TemplateSyntaxError as e:
         raise ExprError(f"syntax error in expression {text!r}: {e.message}") from None
-    return frozenset(jinja2.meta.find_undeclared_variables(ast)) - set(_ENV.globals)
+    try:
+        _plain_names(node)
+        if sum(map(text.count, "([{")) > _MAX_PLAIN_DEPTH:  # deep brackets: the compile's own parse may recurse
+            raise _NotPlain                                 # too deep (parentheses make no nodes to count)
+    except _NotPlain:
+        compile_expr(text)
+    # 'self' is the template reference, defined in every template (as in jinja2.meta.find_undeclared_variables)
+    names = {n.name for n in (node, *node.find_all(nodes.Name)) if isinstance(n, nodes.Name) and n.ctx == "load"}
+    return frozenset(names - {"self"} - set(_ENV.globals))
+
+
+def names_in(text: str) -> frozenset[str]:
+    """The free variable names an expression refers to (without builtins like ``min``); ExprError if
+    :func:`compile_expr` would refuse the text."""
+    return check_expr(text)
 
 
 def evaluate(text: str, context: Mapping[str, Any]) -> Any:
@@ -81,7 +158,8 @@ _KEYWORDS = ("and", "or", "if", "else")
 @functools.lru_cache(maxsize=4096)
 def conjuncts(text: str) -> tuple[str, ...]:
     """``text`` split at its top-level ``and`` keywords, or ``(text,)`` when a top-level ``or`` /
-    ``if`` / ``else`` (lower precedence) could change the grouping or a piece does not compile alone."""
+    ``if`` / ``else`` (lower precedence) could change the grouping or a piece does not compile alone
+    (checked with :func:`check_expr`, which refuses exactly what compile_expr refuses)."""
     cuts, depth, quote, i = [], 0, None, 0
     while i < len(text):
         c = text[i]
@@ -112,7 +190,7 @@ def conjuncts(text: str) -> tuple[str, ...]:
     parts = tuple(text[bounds[j]:bounds[j + 1]].strip() for j in range(0, len(bounds), 2))
     try:
         for part in parts:
-            compile_expr(part)
+            check_expr(part)
     except ExprError:
         return (text,)
     return parts

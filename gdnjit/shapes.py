@@ -77,7 +77,7 @@ def load_shapes(name_or_path: str | Path) -> list[Problem]:
     """Parse and validate a shapes file into problems; SpecError names file, line, entry and key."""
     path = resolve_path(name_or_path)
     file = str(path)
-    doc = read_yaml_file(path)
+    doc = read_yaml_file(path, fast=path.parent == SHAPES_DIR)  # shipped files with libyaml (yamlio.load_yaml)
 
     def err(key: str, reason: str, node: Any = None, sub: Any = None) -> SpecError:
         line = node.line_of(sub) if hasattr(node, "line_of") and sub is not None else getattr(node, "line", None)

@@ -265,8 +265,8 @@ def _expr_str(value: Any, file: str, key: str, node: Any, sub: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise _err(file, key, f"expected an expression string, got {value!r}", node, sub)
     text = str(value)
-    try:
-        _expr.compile_expr(text)
+    try:  # refuses exactly what compile_expr refuses, mostly without compiling (that waits for a first use)
+        _expr.check_expr(text)
     except _expr.ExprError as e:
         raise _err(file, key, str(e), node, sub) from None
     return text
@@ -464,16 +464,21 @@ def parse_spec(doc: Any, file: str) -> Spec:
     return spec
 
 
-def _satisfied_by_tunables(spec: Spec, c: Constraint, rules) -> bool:
-    """Whether ``c`` holds for every rule of ``rules`` from the rule's tunables alone (params undefined:
-    an expression that reads one is not decided here)."""
-    for r in rules:
-        ctx = dict(r.use)
-        for n, e in spec.derived:  # the derived values the tunables alone decide
-            try:
-                ctx[n] = _expr.evaluate(e, ctx)
-            except _expr.ExprError:
-                pass
+def _tunables_alone(spec: Spec, rule: Rule) -> dict[str, Any]:
+    """``rule``'s tunables and the derived values they alone decide (params undefined)."""
+    ctx = dict(rule.use)
+    for n, e in spec.derived:
+        try:
+            ctx[n] = _expr.evaluate(e, ctx)
+        except _expr.ExprError:
+            pass
+    return ctx
+
+
+def _satisfied_by_tunables(c: Constraint, contexts: list[dict[str, Any]]) -> bool:
+    """Whether ``c`` holds for every rule from the rule's tunables alone (``contexts``: _tunables_alone of
+    each rule; an expression that reads a param is not decided here)."""
+    for ctx in contexts:
         try:
             if not _expr.evaluate(c.expr, ctx):
                 return False
@@ -494,7 +499,8 @@ def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
     # never reads the params) changes nothing either, so its params are not enumerated.
     derived = dict(spec.derived)
     used: set[str] = set()
-    todo = [n for c in spec.constraints if not _satisfied_by_tunables(spec, c, fallbacks) for n in _expr.names_in(c.expr)]
+    alone = [_tunables_alone(spec, r) for r in fallbacks] if spec.constraints else []
+    todo = [n for c in spec.constraints if not _satisfied_by_tunables(c, alone) for n in _expr.names_in(c.expr)]
     while todo:
         n = todo.pop()
         if n not in used:
@@ -514,7 +520,8 @@ def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
 def load_spec_file(path: str | Path) -> Spec:
     """Load and validate one spec YAML file; raises SpecError naming file, line and key."""
     path = Path(path)
-    return parse_spec(read_yaml_file(path), path.name if path.parent == SPEC_DIR else str(path))
+    shipped = path.parent == SPEC_DIR  # read with libyaml (yamlio.load_yaml)
+    return parse_spec(read_yaml_file(path, fast=shipped), path.name if shipped else str(path))
 
 
 @functools.lru_cache(maxsize=None)

@@ -250,6 +250,85 @@ def test_the_unmutated_documents_load():
     assert load_shapes(SHAPES_DIR / "qwen35.yaml")
 
 
+# ---- (a2) expressions: the load-time check refuses exactly what compiling refuses ----------------
+# Loading a spec checks each expression with expr.check_expr (a parse; a compile only where the parse cannot
+# decide) and compiles it at its first evaluation. A text check_expr passes that compile_expr refuses would
+# be a spec error found late: random expressions, well-formed and broken, must get the same verdict.
+
+_EXPR_LEAVES = st.sampled_from(["K", "B", "x", "self", "loop", "min", "caller", "é", "0", "1", "-1", "2.5", "1e400",
+                                "'a'", '"b"', "true", "none", "9" * 25, "1_000", "lipsum", "namespace"])
+
+
+def _combine(sub):
+    op = st.sampled_from
+    return st.one_of(
+        st.tuples(sub, op(["+", "-", "*", "/", "//", "%", "**", "~", "==", "!=", "<", ">=", "in", "not in", "and",
+                           "or"]), sub).map(" ".join),
+        st.tuples(op(["not ", "-", "+", "("]), sub).map(lambda t: t[0] + t[1] + (")" if t[0] == "(" else "")),
+        st.tuples(sub, sub, st.none() | sub).map(lambda t: f"{t[0]} if {t[1]}" + (f" else {t[2]}" if t[2] else "")),
+        st.tuples(op(["min", "max", "int", "x", "x.y", "len"]), st.lists(sub, max_size=3),
+                  st.sampled_from(["", ", a=1", ", if=1", ", a=1, a=2", ", *x", ", **x"])).map(
+            lambda t: f"{t[0]}({', '.join(t[1])}{t[2] if t[1] else t[2][2:]})"),
+        st.tuples(sub, op(["int", "abs", "nofilter", "default(1)", "length", "attr('x')"])).map(" | ".join),
+        st.tuples(sub, op(["defined", "nosuchtest", "divisibleby 3", "none"])).map(" is ".join),
+        st.lists(sub, max_size=3).map(lambda xs: f"[{', '.join(xs)}]"),
+        st.lists(sub, min_size=1, max_size=3).map(lambda xs: f"({', '.join(xs)},)"),
+        st.tuples(sub, sub).map(lambda t: f"{{{t[0]}: {t[1]}}}"),
+        st.tuples(sub, op(["x", "__class__", "if", "upper"])).map(".".join),
+        st.tuples(sub, sub, st.booleans()).map(lambda t: f"{t[0]}[{t[1]}]" if t[2] else f"{t[0]}[{t[1]}:]"),
+    )
+
+
+expressions = st.recursive(_EXPR_LEAVES, _combine, max_leaves=12)
+
+
+@st.composite
+def expression_texts(draw):
+    """A random expression, or one broken by a dropped, inserted or cut token."""
+    text = draw(expressions)
+    if draw(st.booleans()):
+        return text
+    toks = text.split(" ")
+    i = draw(st.integers(0, len(toks) - 1))
+    how = draw(st.sampled_from(["drop", "insert", "cut"]))
+    if how == "drop" and len(toks) > 1:
+        del toks[i]
+    elif how == "insert":
+        toks.insert(i, draw(st.sampled_from(["(", ")", ",", "|", "and", "if", "=", "]", "}}", "{%", "is"])))
+    else:
+        toks[i] = toks[i][:-1]
+    return " ".join(toks)
+
+
+def _expr_outcome(fn, text):
+    fn.cache_clear()
+    try:
+        return "ok", fn(text)
+    except Exception as e:  # noqa: BLE001 - the same exception, whatever it is
+        return type(e).__name__, str(e)
+
+
+@FUZZ
+@given(expression_texts())
+def test_fuzz_check_expr_agrees_with_compile_expr(text):
+    import warnings
+
+    import jinja2.meta
+
+    from gdnjit import expr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)  # Python's compile warns on e.g. 1[0]
+        checked, compiled = _expr_outcome(expr.check_expr, text), _expr_outcome(expr.compile_expr, text)
+    assert checked[0] == compiled[0], (text, checked, compiled)
+    event(f"check_expr: {checked[0]}")
+    if checked[0] != "ok":
+        assert checked == compiled, text
+        return
+    ast = expr._ENV.parse("{{ " + text + " }}")
+    assert checked[1] == set(jinja2.meta.find_undeclared_variables(ast)) - set(expr._ENV.globals), text
+
+
 # ---- (b) shapes ---------------------------------------------------------------------------------
 
 SHAPES_ROOTS = set(SHAPES_DOC)
