@@ -399,22 +399,26 @@ def gated_delta_rule_decode_pretranspose(
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides or devices.
         Out-of-range indices stop the kernel (``GDNJIT_CHECK_INDICES=1`` checks on the host instead).
     """
-    pool_mode = initial_state is not None or initial_state_indices is not None
-    if pool_mode:
+    pool, read, write, direct = pool_args(state, initial_state, initial_state_indices, output_state_indices)
+    out = _run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, None, None, True,
+               use_qk_l2norm, direct=direct)
+    return out, pool
+
+
+def pool_args(state, initial_state, initial_state_indices, output_state_indices):
+    """The pretranspose function's argument combinations -> ``(pool, read, write, direct)``: a direct
+    state, or a pool with its read (and optional write) indices; ValueError for any other mix."""
+    if initial_state is not None or initial_state_indices is not None:
         if initial_state is None or initial_state_indices is None:
             raise ValueError("initial_state and initial_state_indices: must be passed together (pool mode)")
         if state is not None and state is not initial_state:
             raise ValueError("state: pass None in pool mode (the pool is initial_state)")
-        out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices,
-                   output_state_indices, scale, output, None, None, True, use_qk_l2norm, direct=False)
-        return out, initial_state
+        return initial_state, initial_state_indices, output_state_indices, False
     if output_state_indices is not None:
         raise ValueError("output_state_indices: needs pool mode (initial_state + initial_state_indices)")
     if state is None:
         raise ValueError("state: expected the direct state [B, HV, V, K], or pass initial_state + initial_state_indices")
-    out = _run("klast", q, k, v, A_log, a, dt_bias, b, state, None, None, scale, output, None, None, True,
-               use_qk_l2norm, direct=True)
-    return out, state
+    return state, None, None, True
 
 
 def gated_delta_rule_decode(

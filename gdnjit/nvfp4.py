@@ -251,12 +251,18 @@ def dequantize_nvfp4(
     """
     from .reference.nvfp4 import dequantize_reference
 
+    m, k = rows_and_cols(fp4, m, k)
+    return dequantize_reference(fp4, sf, a_global_sf, _layout(sfLayout), m, k)
+
+
+def rows_and_cols(fp4, m: Optional[int], k: Optional[int]) -> Tuple[int, int]:
+    """``(m, k)`` of packed NVFP4 data: the given values, or those of a 2-D ``[m, k // 2]`` ``fp4``."""
     if m is None or k is None:
         if not isinstance(fp4, torch.Tensor) or fp4.dim() != 2:
             raise ValueError("m, k: required unless fp4 is a 2-D [m, k // 2] tensor")
         m = fp4.shape[0] if m is None else m
         k = 2 * fp4.shape[1] if k is None else k
-    return dequantize_reference(fp4, sf, a_global_sf, _layout(sfLayout), m, k)
+    return m, k
 
 
 def example_call(params: dict, facts: dict, device) -> Tuple[object, tuple]:

@@ -122,21 +122,6 @@ def _reference_gdn(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_
         inter.copy_(ref.intermediate)
 
 
-def _pool_args(state, initial_state, initial_state_indices, output_state_indices):
-    """The pretranspose function's argument combinations -> (pool, read, write, direct)."""
-    if initial_state is not None or initial_state_indices is not None:
-        if initial_state is None or initial_state_indices is None:
-            raise ValueError("initial_state and initial_state_indices: must be passed together (pool mode)")
-        if state is not None and state is not initial_state:
-            raise ValueError("state: pass None in pool mode (the pool is initial_state)")
-        return initial_state, initial_state_indices, output_state_indices, False
-    if output_state_indices is not None:
-        raise ValueError("output_state_indices: needs pool mode (initial_state + initial_state_indices)")
-    if state is None:
-        raise ValueError("state: expected the direct state [B, HV, V, K], or pass initial_state + initial_state_indices")
-    return state, None, None, True
-
-
 # ---- GDN ------------------------------------------------------------------------------------
 
 
@@ -154,7 +139,7 @@ def _decode_pretranspose_op(
             initial_state=initial_state, initial_state_indices=initial_state_indices,
             output_state_indices=output_state_indices)
         return
-    pool, read, write, direct = _pool_args(state, initial_state, initial_state_indices, output_state_indices)
+    pool, read, write, direct = _gdn.pool_args(state, initial_state, initial_state_indices, output_state_indices)
     _reference_gdn("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, None, None, True,
                    use_qk_l2norm, direct)
 
@@ -337,11 +322,7 @@ def nvfp4_quantize(a: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,
 def dequantize_nvfp4(fp4: torch.Tensor, sf: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,
                      m: Optional[int] = None, k: Optional[int] = None) -> torch.Tensor:
     """:func:`gdnjit.dequantize_nvfp4` through ``torch.ops.gdnjit``; float32 ``[m, k]``."""
-    if m is None or k is None:
-        if not isinstance(fp4, torch.Tensor) or fp4.dim() != 2:
-            raise ValueError("m, k: required unless fp4 is a 2-D [m, k // 2] tensor")
-        m = fp4.shape[0] if m is None else m
-        k = 2 * fp4.shape[1] if k is None else k
+    m, k = _nvfp4.rows_and_cols(fp4, m, k)
     t, value = _split_global_sf(a_global_sf)
     layout = int(_nvfp4._layout(sfLayout))
     return torch.ops.gdnjit.dequantize_nvfp4(fp4, sf, t, value, layout, m, k)
