@@ -1,7 +1,7 @@
 """Gated delta rule (GDN) decode and multi-token ops, FlashInfer-compatible signatures.
 
 This module only validates arguments and dispatches; kernels come from the ``gdn`` spec
-(``specs/gdn.yaml``, ``templates/gdn.cu.j2``) through :mod:`gdnjit.kernels`.
+(``specs/gdn.yaml``, ``templates/gdn_{form}.cu.j2``: one template per kernel form) through :mod:`gdnjit.kernels`.
 
 Semantics (docs/design.md section 4), per batch row n, value head hv (h = hv // (HV // H)), token t::
 

@@ -148,7 +148,12 @@ def test_gdn_loads():
     spec = get_spec("gdn")
     assert isinstance(spec, Spec)
     assert spec.name == "gdn"
-    assert spec.template == "gdn.cu.j2"
+    assert spec.template == "gdn_{form}.cu.j2" and spec.template_fields == ("form",)
+    assert [t for _, t in spec.template_expansions()] == [f"gdn_{f}.cu.j2" for f in spec.allowed("form")]
+    assert spec.template_for({"form": "mma", "K": 64}) == "gdn_mma.cu.j2"
+    plain = get_spec("nvfp4_quantize")
+    assert plain.template == "nvfp4_quantize.cu.j2" and plain.template_fields == ()
+    assert plain.template_for({}) == "nvfp4_quantize.cu.j2" and plain.describe_template() == "nvfp4_quantize.cu.j2"
     assert spec.kernel_name == "gdn_step"
     assert spec.param_names == tuple(GDN["params"])
     assert spec.allowed("K") == (64, 128, 256)
@@ -308,6 +313,19 @@ def test_template_placeholder_expansion(tmp_path):
         path.write_text(set_line(GDN_TEXT, line, 'template: "g_{pool}_{in_dtype}_{pool}.cu.j2"'))
         e = spec_error(tmp_path, path.read_text(), "template", line)
         assert "g_False_bf16_False.cu.j2" in e.reason
+
+
+def test_variant_template_follows_the_form():
+    from gdnjit.variant import Variant
+
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    p.update(K=128, V=128, T=4)
+    t = _tun(lanes_per_row=4, ilp=1, tile_v=32, stage=True, form="mma")
+    v = Variant.make(spec, p, t, "sm_90")
+    assert v.template == "gdn_mma.cu.j2" and v.key_fields["template"] == "gdn_mma.cu.j2"
+    w = Variant.make(spec, p, _tun(lanes_per_row=4, ilp=1, tile_v=32, stage=True, form="recurrent"), "sm_90")
+    assert w.template == "gdn_recurrent.cu.j2" and w.key_fields["template_hash"] != v.key_fields["template_hash"]
 
 
 # ---- params / tunables -----------------------------------------------------------------------
