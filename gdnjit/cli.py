@@ -204,7 +204,7 @@ def cmd_list(args) -> int:
     cache = _cache(get_config())  # a bad cache dir fails before any output
     for name in list_specs():
         spec = get_spec(name)
-        print(f"spec {spec.name} (template {spec.template}): {spec.description.strip()}")
+        print(f"spec {spec.name} (template {spec.describe_template()}): {spec.description.strip()}")
         for n, vals in spec.params:
             print(f"  param   {n}: {list(vals)}")
         for n, vals in spec.tunables:
@@ -340,7 +340,7 @@ def cmd_spec(args) -> int:
         return 0
     spec = get_spec(args.target[0])
     print(f"spec {spec.name}: {spec.description.strip()}")
-    print(f"template: {spec.template}   kernel: {spec.kernel_name}   file: {spec.file}")
+    print(f"template: {spec.describe_template()}   kernel: {spec.kernel_name}   file: {spec.file}")
     for n, vals in spec.params:
         print(f"param   {n}: {list(vals)}")
     for n, vals in spec.tunables:
@@ -356,8 +356,16 @@ def cmd_spec(args) -> int:
         params = {n: given.get(n, vals[0]) for n, vals in spec.params}
         facts = {"B": args.B or 1, "H": args.H, "HV": args.HV, "num_sms": args.num_sms}
         print(f"\nfor {params} with {facts}:")
-        for line in dispatch.explain(spec, params, {f: facts[f] for f in spec.facts if f in facts}):
+        spec_facts = {f: facts[f] for f in spec.facts if f in facts}
+        for line in dispatch.explain(spec, params, spec_facts):
             print("  " + line)
+        if spec.template_fields:
+            try:
+                chosen, _ = dispatch.select(spec, params, spec_facts)
+            except dispatch.DispatchError:
+                chosen = None
+            if chosen is not None:
+                print(f"  template of the chosen variant: {spec.template_for({**params, **chosen})}")
     return 0
 
 

@@ -1,7 +1,8 @@
 """Gated delta rule (GDN) decode and multi-token ops, FlashInfer-compatible signatures.
 
 This module only validates arguments and builds a named :class:`~gdnjit.runner.KernelCall` of the
-``gdn`` spec (``specs/gdn.yaml``); :mod:`gdnjit.runner` dispatches, compiles, binds and launches it.
+``gdn`` spec (``specs/gdn.yaml``, ``templates/gdn_{form}.cu.j2``: one template per kernel form);
+:mod:`gdnjit.runner` dispatches, compiles, binds and launches it.
 
 Semantics (docs/design.md section 4), per batch row n, value head hv (h = hv // (HV // H)), token t::
 

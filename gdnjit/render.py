@@ -67,9 +67,10 @@ def template_hash(name: str) -> str:
 
 
 def render(template: str, values: Mapping[str, Any]) -> str:
-    """Render ``template`` with ``values`` (plus the ``ctype`` helper); RenderError on failure."""
+    """Render ``template`` with ``values`` (plus the ``ctype`` / ``dtc`` tables and ``template_name``, the file
+    rendered, for the source's header); RenderError on failure."""
     try:
-        return _ENV.get_template(template).render(dict(values), ctype=CTYPES, dtc=DTYPE_CODES)
+        return _ENV.get_template(template).render(dict(values), ctype=CTYPES, dtc=DTYPE_CODES, template_name=template)
     except jinja2.UndefinedError as e:
         raise RenderError(f"template {template}: {e.message} (values: {sorted(values)})") from None
     except jinja2.TemplateError as e:

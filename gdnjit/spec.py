@@ -5,7 +5,7 @@ Schema (see ``docs/specs.md`` for the guide)::
 
     name: str                    # unique spec name
     description: str
-    template: file.cu.j2         # under gdnjit/templates
+    template: file.cu.j2         # under gdnjit/templates; may name params/tunables: gdn_{form}.cu.j2
     kernel_name: str             # extern "C" entry point
     module: str                  # optional: the op module (gdnjit.<module>) that builds the spec's calls;
                                  # its example_call(params, facts, device) gives `gdnjit tune` inputs
@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import string
 from pathlib import Path
 from collections.abc import Mapping
 from typing import Any
@@ -73,7 +74,7 @@ class Spec:
 
     name: str
     description: str
-    template: str
+    template: str  # as written: a file name, or a pattern with {param} / {tunable} placeholders
     kernel_name: str
     params: tuple[tuple[str, tuple], ...]
     tunables: tuple[tuple[str, tuple], ...]
@@ -111,6 +112,34 @@ class Spec:
     @property
     def tunable_names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.tunables)
+
+    @property
+    def template_fields(self) -> tuple[str, ...]:
+        """The params / tunables the template name depends on (``{form}`` in ``gdn_{form}.cu.j2``); () for a
+        plain name."""
+        return template_fields(self.template)
+
+    def template_for(self, values: Mapping[str, Any]) -> str:
+        """The template file of one variant: the template name with its placeholders expanded from ``values``
+        (params + tunables; each value formatted with ``str``)."""
+        return self.template.format_map({n: values[n] for n in self.template_fields})
+
+    def template_expansions(self) -> list[tuple[dict[str, Any], str]]:
+        """Every (placeholder values, template file) the allowed values give, in the order of the values."""
+        names = self.template_fields
+        out = []
+        for combo in itertools.product(*(self.allowed(n) for n in names)):
+            values = dict(zip(names, combo))
+            out.append((values, self.template_for(values)))
+        return out
+
+    def describe_template(self) -> str:
+        """``t.cu.j2``, or ``gdn_{form}.cu.j2 (form=recurrent: gdn_recurrent.cu.j2, ...)``: for the command line."""
+        if not self.template_fields:
+            return self.template
+        shown = ", ".join(f"{' '.join(f'{n}={v}' for n, v in values.items())}: {name}"
+                          for values, name in self.template_expansions())
+        return f"{self.template} ({shown})"
 
     def allowed(self, name: str) -> tuple:
         """Allowed values of a param or tunable."""
@@ -230,6 +259,45 @@ def _valid(spec: Spec, params: tuple, tunables: tuple) -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=256)
+def template_fields(template: str) -> tuple[str, ...]:
+    """The placeholder names of a template name, in order of first use; ValueError if it is not a plain
+    ``str.format`` pattern of ``{name}`` fields (no positional fields, attributes, indexes, conversions or format
+    specs; ``{{`` and ``}}`` are literal braces)."""
+    names: list[str] = []
+    for _text, field, spec, conversion in string.Formatter().parse(template):
+        if field is None:
+            continue
+        if not field.isidentifier() or spec or conversion:
+            shown = field + (f"!{conversion}" if conversion else "") + (f":{spec}" if spec else "")
+            raise ValueError(f"placeholder {{{shown}}}: expected {{name}} with the name of a param or tunable")
+        if field not in names:
+            names.append(field)
+    return tuple(names)
+
+
+def _check_template(template: str, params, tunables, file: str, doc: Any) -> None:
+    """The template name's placeholders name params / tunables, and every expansion of them over their
+    allowed values names an existing template."""
+    from .render import template_exists
+
+    try:
+        names = template_fields(template)
+    except ValueError as e:
+        raise _err(file, "template", f"{template!r}: {e}", doc, "template") from None
+    allowed = dict(params) | dict(tunables)
+    for n in names:
+        if n not in allowed:
+            raise _err(file, "template", f"{template!r}: placeholder {{{n}}} is not a param or tunable "
+                                         f"(known: {sorted(allowed)})", doc, "template")
+    for combo in itertools.product(*(allowed[n] for n in names)):
+        values = dict(zip(names, combo))
+        name = template.format_map(values)
+        if not template_exists(name):
+            where = f" (for {', '.join(f'{n}={v!r}' for n, v in values.items())})" if names else ""
+            raise _err(file, "template", f"no template named {name!r}{where} in gdnjit/templates", doc, "template")
+
+
 def _line(node: Any, sub: Any) -> int | None:
     """Line of ``node[sub]`` when the document came from gdnjit's YAML loader (plain data has none)."""
     return node.line_of(sub) if isinstance(node, (LineDict, LineList)) else None
@@ -338,15 +406,12 @@ def parse_spec(doc: Any, file: str) -> Spec:
     if not doc["kernel_name"].isidentifier():
         raise _err(file, "kernel_name", "must be a C identifier", doc, "kernel_name")
     template = doc["template"]
-    from .render import template_exists
-
-    if not template_exists(template):
-        raise _err(file, "template", f"no template named {template!r} in gdnjit/templates", doc, "template")
     params = _values_table(doc, "params", file, required=True)
     tunables = _values_table(doc, "tunables", file, required=True)
     clash = set(dict(params)) & set(dict(tunables))
     if clash:
         raise _err(file, "tunables", f"names used as both param and tunable: {sorted(clash)}", doc, "tunables")
+    _check_template(template, params, tunables, file, doc)
     known = set(dict(params)) | set(dict(tunables))
     domains = _param_domains(doc, file, params)
 

@@ -1,6 +1,7 @@
 """A variant: one spec with every compile-time value fixed, for one target arch.
 
-It is the single named structure the cache key is built from: spec, template (+ hash),
+It is the single named structure the cache key is built from: spec, template (the spec's template name
+with its placeholders expanded for this variant, + the hash of that file and everything it includes),
 params, tunables, arch, NVRTC version, options, package version and cache format.
 """
 
@@ -51,13 +52,18 @@ class Variant:
         return values
 
     @functools.cached_property
+    def template(self) -> str:
+        """This variant's template file: the spec's template name, placeholders (``gdn_{form}.cu.j2``) expanded."""
+        return self.spec.template_for({**dict(self.params), **dict(self.tunables)})
+
+    @functools.cached_property
     def key_fields(self) -> dict[str, Any]:
         return {
             "format": CACHE_FORMAT,
             "gdnjit_version": __version__,
             "spec": self.spec.name,
-            "template": self.spec.template,
-            "template_hash": _render.template_hash(self.spec.template),
+            "template": self.template,
+            "template_hash": _render.template_hash(self.template),
             "kernel_name": self.spec.kernel_name,
             "args": [list(a) for a in self.spec.args],
             # every value the template sees (derived ones included: editing a derived expression
@@ -93,7 +99,7 @@ class Variant:
         return f"{self.spec.name}[{self.arch}]({p}; {t})"
 
     def source(self) -> str:
-        return _render.render(self.spec.template, self.values)
+        return _render.render(self.template, self.values)
 
     def build(self) -> Built:
         """Render and compile; the cache's build callback."""

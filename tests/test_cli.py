@@ -277,7 +277,13 @@ def test_render(cache_dir):
     assert rc == 0, err
     assert 'extern "C"' in out and "gdn_step(const Args p)" in out
     assert "layout=kmajor" in out
+    assert out.startswith("// gdnjit: gated delta rule step over T tokens, recurrent form (gdn_recurrent.cu.j2).")
     assert entries(cache_dir, ".cubin") == []  # rendering compiles nothing
+    # the form picks the template: gdn_{form}.cu.j2
+    rc, out, err = run_cli(["render", "gdn", "-p", "T=4", "-t", "form=mma", "-t", "lanes_per_row=4", "-t", "ilp=1",
+                            "-t", "tile_v=32", "-t", "stage=true", "-t", "pipe=1"])
+    assert rc == 0, err
+    assert "mma form (gdn_mma.cu.j2)" in out.splitlines()[0] and "form=mma" in out
 
 
 def test_render_params_and_tunables(cache_dir):
@@ -303,7 +309,9 @@ def test_render_bad_input(cache_dir):
 def test_list(cache_dir):
     rc, out, _ = run_cli(["list"])
     assert rc == 0
-    assert "spec gdn (template gdn.cu.j2)" in out
+    assert ("spec gdn (template gdn_{form}.cu.j2 (form=recurrent: gdn_recurrent.cu.j2, form=chunk: gdn_chunk.cu.j2, "
+            "form=mma: gdn_mma.cu.j2, form=tc: gdn_tc.cu.j2))") in out
+    assert "spec nvfp4_quantize (template nvfp4_quantize.cu.j2)" in out
     assert "  param   layout: ['klast', 'kmajor']" in out
     assert "  tunable lanes_per_row: " in out
     assert "  rule 0: when " in out
@@ -319,9 +327,14 @@ def test_spec_validate(cache_dir, tmp_path, monkeypatch):
     rc, out, _ = run_cli(["spec", "validate", "gdn"])
     assert rc == 0 and out.startswith("gdn: ok (spec gdn: ")
     bad = tmp_path / "bad.yaml"
-    bad.write_text((REPO / "gdnjit/specs/gdn.yaml").read_text().replace("template: gdn.cu.j2", "template: x.j2"))
+    text = (REPO / "gdnjit/specs/gdn.yaml").read_text()
+    assert 'template: "gdn_{form}.cu.j2"' in text
+    bad.write_text(text.replace('template: "gdn_{form}.cu.j2"', "template: x.j2"))
     rc, _, err = run_cli(["spec", "validate", str(bad)])
     assert rc == 2 and f"{bad}:" in err and "template" in err
+    bad.write_text(text.replace('template: "gdn_{form}.cu.j2"', 'template: "gdn_{layout}.cu.j2"'))
+    rc, _, err = run_cli(["spec", "validate", str(bad)])
+    assert rc == 2 and f"{bad}:" in err and "no template named 'gdn_klast.cu.j2' (for layout='klast')" in err
 
 
 def test_spec_show(cache_dir):
@@ -331,8 +344,13 @@ def test_spec_show(cache_dir):
     assert "rule 0 (line " in out
     chosen = [line for line in out.splitlines() if "CHOSEN" in line]
     assert len(chosen) == 1 and chosen[0].startswith("  rule ")
+    assert "template: gdn_{form}.cu.j2 (form=recurrent: gdn_recurrent.cu.j2, " in out
+    assert "  template of the chosen variant: gdn_recurrent.cu.j2" in out.splitlines()
     rc, out, _ = run_cli(["spec", "show", "gdn"])
-    assert rc == 0 and "CHOSEN" not in out
+    assert rc == 0 and "CHOSEN" not in out and "template of the chosen variant" not in out
+    rc, out, _ = run_cli(["spec", "show", "gdn", "--B", "512", "--HV", "64", "-p", "K=128", "-p", "T=8",
+                              "-p", "state_dtype=bf16"])
+    assert rc == 0 and "  template of the chosen variant: gdn_tc.cu.j2" in out.splitlines()
     rc, out, _ = run_cli(["spec", "show", "gdn", "-p", "layout=kmajor", "-p", "K=256", "-p", "state_dtype=bf16"])
     assert rc == 0 and "CHOSEN" in out
 

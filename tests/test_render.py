@@ -18,12 +18,29 @@ from gdnjit.variant import Variant
 FACTS = {"B": 1, "H": 16, "HV": 64, "num_sms": 132}
 
 
+GDN_TEMPLATES = ("gdn_recurrent.cu.j2", "gdn_chunk.cu.j2", "gdn_mma.cu.j2", "gdn_tc.cu.j2")
+# a valid variant of each form (K-last, K = 128, bf16 q/k, T = 4)
+FORM_TUNABLES = {
+    "recurrent": dict(lanes_per_row=8, ilp=2, tile_v=32, stage=False, form="recurrent", pipe=1, k_warps=1, l2_prefetch=False),
+    "chunk": dict(lanes_per_row=8, ilp=1, tile_v=32, stage=True, form="chunk", pipe=1, k_warps=1, l2_prefetch=False),
+    "mma": dict(lanes_per_row=4, ilp=1, tile_v=32, stage=True, form="mma", pipe=1, k_warps=1, l2_prefetch=False),
+    "tc": dict(lanes_per_row=4, ilp=1, tile_v=64, stage=True, form="tc", pipe=1, k_warps=1, l2_prefetch=False),
+}
+
+
 def make_variant(arch: str = "sm_90", **params) -> Variant:
     spec = get_spec("gdn")
     p = {n: v[0] for n, v in spec.params}
     p.update(params)
     tunables, _ = dispatch.select(spec, p, FACTS)
     return Variant.make(spec, p, tunables, arch)
+
+
+def form_variant(form: str) -> Variant:
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    p.update(K=128, V=128, T=4)
+    return Variant.make(spec, p, FORM_TUNABLES[form], "sm_90")
 
 
 @pytest.fixture
@@ -66,38 +83,76 @@ def test_render_values_differ():
     assert a != b
 
 
-@pytest.mark.parametrize("missing", ["K", "tile_v", "kernel_name", "args", "num_warps", "state_dtype"])
+@pytest.mark.parametrize("missing", ["K", "tile_v", "kernel_name", "args", "num_warps", "state_dtype", "writeback"])
 def test_render_missing_variable(missing):
-    values = dict(make_variant().values)
+    v = make_variant()
+    values = dict(v.values)
     del values[missing]
     with pytest.raises(RenderError) as ei:
-        grender.render("gdn.cu.j2", values)
+        grender.render(v.template, values)
     msg = str(ei.value)
-    assert "gdn.cu.j2" in msg and f"'{missing}'" in msg
+    assert v.template in msg and f"'{missing}'" in msg
 
 
 def test_render_unknown_template():
     with pytest.raises(RenderError, match="nope.cu.j2"):
         grender.render("nope.cu.j2", {})
     assert not grender.template_exists("nope.cu.j2")
-    assert grender.template_exists("gdn.cu.j2") and grender.template_exists("prelude.cuh.j2")
+    assert all(grender.template_exists(t) for t in GDN_TEMPLATES) and grender.template_exists("prelude.cuh.j2")
+    assert not grender.template_exists("gdn.cu.j2")  # one template per form
+
+
+@pytest.mark.parametrize("form", sorted(FORM_TUNABLES))
+def test_render_form_template(form):
+    """Each form renders from its own template (gdn_{form}.cu.j2): one kernel, no other form's code, no
+    template syntax left."""
+    v = form_variant(form)
+    assert v.template == f"gdn_{form}.cu.j2" and v.key_fields["template"] == v.template
+    src = v.source()
+    assert src.startswith(f"// gdnjit: gated delta rule step over T tokens, {form} form (gdn_{form}.cu.j2).")
+    assert src.count("__global__") == 1 and "{%" not in src and "{{" not in src
+    assert ("mma_tf32(acc[" in src) == (form == "mma")  # the mma form's TF32 dots (fp32 state)
+    assert ("sm_A[" in src) == (form == "chunk")  # the chunk form's T x T coefficients
+    assert ("tc_chunk(" in src) == (form == "tc")
+    assert ("load_rows<" in src) == (form != "tc")  # tc: the state passes through shared memory only
+
+
+def test_form_templates_have_no_form_conditions():
+    """The form is the file: no template branches on `form` (one file per form over shared includes)."""
+    root = Path(grender.__file__).parent / "templates"
+    for path in root.glob("gdn*.j2"):
+        text = path.read_text()
+        assert "form ==" not in text and "form !=" not in text and "form in" not in text, path.name
 
 
 # ---- template hashes ------------------------------------------------------------------------------
 
 
 def test_template_hash_stable(fresh_template_hash):
-    h = grender.template_hash("gdn.cu.j2")
+    h = grender.template_hash("gdn_recurrent.cu.j2")
     assert len(h) == 64 and int(h, 16) >= 0
     grender.template_hash.cache_clear()
-    assert grender.template_hash("gdn.cu.j2") == h
+    assert grender.template_hash("gdn_recurrent.cu.j2") == h
     assert grender.template_hash("prelude.cuh.j2") != h
+    assert len({grender.template_hash(t) for t in GDN_TEMPLATES}) == len(GDN_TEMPLATES)
 
 
-@pytest.mark.parametrize("changed", ["prelude.cuh.j2", "gdn.cu.j2"])
+# which form templates include / import each shared file (recursively)
+USERS = {
+    "prelude.cuh.j2": set(GDN_TEMPLATES),
+    "gdn_common.cuh.j2": set(GDN_TEMPLATES),
+    "gdn_stage.cuh.j2": {"gdn_recurrent.cu.j2", "gdn_chunk.cu.j2", "gdn_mma.cu.j2"},
+    "gdn_kernels.cuh.j2": {"gdn_recurrent.cu.j2", "gdn_chunk.cu.j2", "gdn_mma.cu.j2"},
+    **{t: {t} for t in GDN_TEMPLATES},
+}
+
+
+@pytest.mark.parametrize("changed", sorted(USERS))
 def test_template_hash_sees_includes(monkeypatch, fresh_template_hash, changed):
-    before = grender.template_hash("gdn.cu.j2")
-    key_before = make_variant().key
+    """An edit of a template changes the hash (and the cache key of every variant) of exactly the form templates
+    that include or import it, directly or through another include."""
+    before = {t: grender.template_hash(t) for t in GDN_TEMPLATES}
+    keys_before = {f: form_variant(f).key for f in FORM_TUNABLES}
     real = grender._source
 
     def patched(name):
@@ -106,21 +161,22 @@ def test_template_hash_sees_includes(monkeypatch, fresh_template_hash, changed):
 
     monkeypatch.setattr(grender, "_source", patched)
     grender.template_hash.cache_clear()
-    after = grender.template_hash("gdn.cu.j2")
-    assert after != before
-    assert make_variant().key != key_before  # the cache key follows the template hash
+    after = {t: grender.template_hash(t) for t in GDN_TEMPLATES}
+    assert {t for t in GDN_TEMPLATES if after[t] != before[t]} == USERS[changed]
+    # the cache key follows the hash of the variant's own template
+    assert {f"gdn_{f}.cu.j2" for f in FORM_TUNABLES if form_variant(f).key != keys_before[f]} == USERS[changed]
     monkeypatch.undo()
     grender.template_hash.cache_clear()
-    assert grender.template_hash("gdn.cu.j2") == before
+    assert {t: grender.template_hash(t) for t in GDN_TEMPLATES} == before
 
 
 def test_template_hash_rejects_dynamic_include(monkeypatch, fresh_template_hash):
     real = grender._source
     monkeypatch.setattr(
-        grender, "_source", lambda name: "{% include some_name %}\n" if name == "gdn.cu.j2" else real(name)
+        grender, "_source", lambda name: "{% include some_name %}\n" if name == "gdn_common.cuh.j2" else real(name)
     )
     with pytest.raises(RenderError, match="dynamic includes"):
-        grender.template_hash("gdn.cu.j2")
+        grender.template_hash("gdn_chunk.cu.j2")
 
 
 # ---- NVRTC -------------------------------------------------------------------------------------

@@ -155,7 +155,12 @@ def test_gdn_loads():
     spec = get_spec("gdn")
     assert isinstance(spec, Spec)
     assert spec.name == "gdn"
-    assert spec.template == "gdn.cu.j2"
+    assert spec.template == "gdn_{form}.cu.j2" and spec.template_fields == ("form",)
+    assert [t for _, t in spec.template_expansions()] == [f"gdn_{f}.cu.j2" for f in spec.allowed("form")]
+    assert spec.template_for({"form": "mma", "K": 64}) == "gdn_mma.cu.j2"
+    plain = get_spec("nvfp4_quantize")
+    assert plain.template == "nvfp4_quantize.cu.j2" and plain.template_fields == ()
+    assert plain.template_for({}) == "nvfp4_quantize.cu.j2" and plain.describe_template() == "nvfp4_quantize.cu.j2"
     assert spec.kernel_name == "gdn_step"
     assert spec.param_names == tuple(GDN["params"])
     assert spec.allowed("K") == (64, 128, 256)
@@ -388,6 +393,70 @@ def test_template_not_found(tmp_path):
     line = section(GDN_TEXT, "template")[0]
     e = spec_error(tmp_path, set_line(GDN_TEXT, line, "template: nope.cu.j2"), "template", line)
     assert "nope.cu.j2" in e.reason
+
+
+@pytest.mark.parametrize(
+    "template,reason",
+    [
+        # every expansion must exist: the first missing one is named with its values
+        ('"gdn_{layout}.cu.j2"', "no template named 'gdn_klast.cu.j2' (for layout='klast')"),
+        ('"{form}_{layout}.cu.j2"', "no template named 'recurrent_klast.cu.j2' (for form='recurrent', layout='klast')"),
+        # placeholders name params or tunables only
+        ('"gdn_{bogus}.cu.j2"', "placeholder {bogus} is not a param or tunable"),
+        ('"gdn_{vec}.cu.j2"', "placeholder {vec} is not a param or tunable"),  # a derived value
+        ('"gdn_{K}"', "no template named 'gdn_64' (for K=64)"),
+        ('"gdn_{}.cu.j2"', "expected {name}"),
+        ('"gdn_{0}.cu.j2"', "expected {name}"),
+        ('"gdn_{form!r}.cu.j2"', "placeholder {form!r}: expected {name}"),
+        ('"gdn_{form:>9}.cu.j2"', "placeholder {form:>9}: expected {name}"),
+        ('"gdn_{form.x}.cu.j2"', "expected {name}"),
+        ('"gdn_{form.cu.j2"', "gdn_{form.cu.j2"),
+        ('"gdn_}form{.cu.j2"', "gdn_}form{.cu.j2"),
+    ],
+)
+def test_template_placeholders(tmp_path, template, reason):
+    line = section(GDN_TEXT, "template")[0]
+    e = spec_error(tmp_path, set_line(GDN_TEXT, line, f"template: {template}"), "template", line)
+    assert reason in e.reason
+
+
+def test_template_placeholder_expansion(tmp_path):
+    """A placeholder may name a param as well as a tunable, and the same name twice; values are formatted with
+    str() ({pool} -> True / False); braces doubled are literal."""
+    from gdnjit import render as grender
+
+    real = grender.template_exists
+    made = {"g_True_bf16.cu.j2", "g_False_bf16.cu.j2", "g_True_fp16.cu.j2", "g_False_fp16.cu.j2", "g_{x}_recurrent.cu.j2",
+            "g_{x}_chunk.cu.j2", "g_{x}_mma.cu.j2", "g_{x}_tc.cu.j2"}
+    line = section(GDN_TEXT, "template")[0]
+    import unittest.mock
+
+    with unittest.mock.patch.object(grender, "template_exists", lambda n: n in made or real(n)):
+        path = tmp_path / "gdn.yaml"
+        path.write_text(set_line(GDN_TEXT, line, 'template: "g_{pool}_{in_dtype}.cu.j2"'))
+        spec = load_spec_file(path)
+        assert spec.template_fields == ("pool", "in_dtype")
+        assert spec.template_for({"pool": True, "in_dtype": "fp16", "K": 64}) == "g_True_fp16.cu.j2"
+        assert {t for _, t in spec.template_expansions()} == {t for t in made if t.startswith("g_T") or t.startswith("g_F")}
+        path.write_text(set_line(GDN_TEXT, line, 'template: "g_{{x}}_{form}.cu.j2"'))
+        spec = load_spec_file(path)
+        assert spec.template_fields == ("form",) and spec.template_for({"form": "tc"}) == "g_{x}_tc.cu.j2"
+        path.write_text(set_line(GDN_TEXT, line, 'template: "g_{pool}_{in_dtype}_{pool}.cu.j2"'))
+        e = spec_error(tmp_path, path.read_text(), "template", line)
+        assert "g_False_bf16_False.cu.j2" in e.reason
+
+
+def test_variant_template_follows_the_form():
+    from gdnjit.variant import Variant
+
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    p.update(K=128, V=128, T=4)
+    t = _tun(lanes_per_row=4, ilp=1, tile_v=32, stage=True, form="mma")
+    v = Variant.make(spec, p, t, "sm_90")
+    assert v.template == "gdn_mma.cu.j2" and v.key_fields["template"] == "gdn_mma.cu.j2"
+    w = Variant.make(spec, p, _tun(lanes_per_row=4, ilp=1, tile_v=32, stage=True, form="recurrent"), "sm_90")
+    assert w.template == "gdn_recurrent.cu.j2" and w.key_fields["template_hash"] != v.key_fields["template_hash"]
 
 
 # ---- params / tunables -----------------------------------------------------------------------
@@ -950,7 +1019,7 @@ def test_all_tunable_choices():
 TOY = """\
 name: toy
 description: toy spec for dispatch tests
-template: gdn.cu.j2
+template: nvfp4_quantize.cu.j2
 kernel_name: toy
 params:
   n: [32, 64, 128]
