@@ -53,6 +53,12 @@ def child() -> dict:
     def nvfp4():
         gdnjit.nvfp4_quantize(x, gs, gdnjit.SfLayout.layout_128x4)
 
+    profiler = None
+    if os.environ.get("GDNJIT_FIRST_CALL_PROFILE"):
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
     t0 = time.perf_counter()
     import gdnjit
 
@@ -63,6 +69,15 @@ def child() -> dict:
             fn()
             torch.cuda.synchronize()
             out[f"{name}_{which}_s"] = time.perf_counter() - t0
+        if profiler is not None and name == "gdn":
+            import io
+            import pstats
+
+            profiler.disable()
+            text = io.StringIO()
+            pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(30)
+            print(text.getvalue(), file=sys.stderr)
+            profiler = None
     return out
 
 
@@ -70,6 +85,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--out", help="write the samples and medians as JSON here")
+    ap.add_argument("--profile", action="store_true",
+                    help="also run one more child under cProfile (import + first GDN call) and print its top 30")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -92,6 +109,10 @@ def main() -> int:
     first = med["import_gdnjit_s"] + med["gdn_first_s"]
     print(f"gdnjit's first GDN call, import included: {first * 1e3:.1f} ms; first NVFP4 call after it: "
           f"{med['nvfp4_first_s'] * 1e3:.1f} ms (cache {env['GDNJIT_CACHE_DIR']})")
+    if args.profile:
+        res = subprocess.run([sys.executable, __file__, "--child"], env=dict(env, GDNJIT_FIRST_CALL_PROFILE="1"),
+                             capture_output=True, text=True, check=True)
+        print(res.stderr)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"warmup": warmup, "samples": samples, "median": med}, f, indent=1)
