@@ -1,4 +1,4 @@
-"""gdnjit: JIT-generated CUDA kernels for hybrid linear-attention decode (gated delta rule, NVFP4).
+"""gdnjit: JIT-generated CUDA kernels for hybrid linear-attention decode (gated delta rule, NVFP4, conv1d).
 
 Public API (FlashInfer-compatible names and parameters):
 
@@ -6,6 +6,7 @@ Public API (FlashInfer-compatible names and parameters):
 - :func:`gated_delta_rule_decode` — decode, K-major state
 - :func:`gated_delta_rule_mtp` — multi-token / speculative verify step over a state pool
 - :func:`nvfp4_quantize`, :class:`SfLayout`, :func:`dequantize_nvfp4` — NVFP4 activation quantization
+- :func:`causal_conv1d_update` — the short causal conv before GDN (vLLM's signature), over a conv-state pool
 
 Kernels are rendered from YAML specs + Jinja templates, compiled with NVRTC on first use and
 cached on disk (``GDNJIT_CACHE_DIR``); precompile with ``gdnjit warm --shapes qwen35.yaml``.
@@ -22,6 +23,7 @@ _LAZY = {
     "nvfp4_quantize": "nvfp4",
     "dequantize_nvfp4": "nvfp4",
     "SfLayout": "nvfp4",
+    "causal_conv1d_update": "conv",
 }
 
 
@@ -45,6 +47,7 @@ __all__ = [
     "nvfp4_quantize",
     "dequantize_nvfp4",
     "SfLayout",
+    "causal_conv1d_update",
     "CacheMissError",
     "CompileError",
     "CudaError",

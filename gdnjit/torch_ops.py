@@ -33,6 +33,9 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
         bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices) -> ()
     nvfp4_quantize(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout,
         bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend) -> (Tensor, Tensor)
+    causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu,
+        Tensor? conv_state_indices, Tensor? num_accepted_tokens, Tensor? query_start_loc,
+        int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()
     dequantize_nvfp4(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value,
         int sfLayout, SymInt m, SymInt k) -> Tensor
 
@@ -60,6 +63,7 @@ from typing import Optional, Tuple
 
 import torch
 
+from . import conv as _conv
 from . import gdn as _gdn
 from . import nvfp4 as _nvfp4
 from .sf_layout import SfLayout, to_sf_layout
@@ -70,6 +74,7 @@ __all__ = [
     "gated_delta_rule_mtp",
     "nvfp4_quantize",
     "dequantize_nvfp4",
+    "causal_conv1d_update",
     "OP_NAMES",
 ]
 
@@ -80,6 +85,7 @@ OP_NAMES = (
     "gated_delta_rule_mtp",
     "nvfp4_quantize",
     "dequantize_nvfp4",
+    "causal_conv1d_update",
 )
 
 # Schemas, in OP_NAMES order (spelled out so the documented form is exactly what is registered).
@@ -97,6 +103,8 @@ SCHEMAS = (
     "bool? enable_pdl, str backend) -> (Tensor, Tensor)",
     "(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, SymInt m, "
     "SymInt k) -> Tensor",
+    "(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu, Tensor? conv_state_indices, "
+    "Tensor? num_accepted_tokens, Tensor? query_start_loc, int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()",
 )
 
 # ---- CPU implementations (torch reference, float32) -------------------------------------------
@@ -326,3 +334,52 @@ def dequantize_nvfp4(fp4: torch.Tensor, sf: torch.Tensor, a_global_sf, sfLayout=
     t, value = _split_global_sf(a_global_sf)
     layout = int(_nvfp4._layout(sfLayout))
     return torch.ops.gdnjit.dequantize_nvfp4(fp4, sf, t, value, layout, m, k)
+
+
+# ---- causal conv1d ----------------------------------------------------------------------------
+
+
+@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d_update", mutates_args=("conv_state", "out"), schema=SCHEMAS[5])
+def _conv_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+             silu: bool, conv_state_indices: Optional[torch.Tensor], num_accepted_tokens: Optional[torch.Tensor],
+             query_start_loc: Optional[torch.Tensor], max_query_len: int, pad_slot_id: Optional[int],
+             out: torch.Tensor) -> None:
+    args = (x, conv_state, weight, bias, silu, conv_state_indices, num_accepted_tokens, query_start_loc,
+            max_query_len, pad_slot_id)
+    if x.device.type != "cpu":
+        _conv.causal_conv1d_update(*args, out=out)
+        return
+    from .reference.conv import conv_reference
+
+    _conv._prepare(*args, out, require_cuda=False)  # the CUDA path's checks
+    ref, state = conv_reference(*args, dtype=torch.float32)
+    out.copy_(ref)
+    conv_state.copy_(state)
+
+
+@_conv_op.register_fake
+def _(x, conv_state, weight, bias, silu, conv_state_indices, num_accepted_tokens, query_start_loc, max_query_len,
+      pad_slot_id, out) -> None:
+    return None
+
+
+def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor,
+                         bias: Optional[torch.Tensor] = None, activation=None,
+                         conv_state_indices: Optional[torch.Tensor] = None,
+                         num_accepted_tokens: Optional[torch.Tensor] = None,
+                         query_start_loc: Optional[torch.Tensor] = None, max_query_len: int = -1,
+                         pad_slot_id: Optional[int] = _conv.PAD_SLOT_ID, block_idx_last_scheduled_token=None,
+                         initial_state_idx=None, retrieve_parent_token=None, validate_data: bool = False,
+                         out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """:func:`gdnjit.causal_conv1d_update` through ``torch.ops.gdnjit``; returns ``out``. ``out=x`` (in place)
+    is refused here: a custom op's mutated output may not alias its input."""
+    _conv.unsupported(block_idx_last_scheduled_token, initial_state_idx, retrieve_parent_token)
+    if out is x:
+        raise ValueError("out: the torch op cannot write into x in place; pass out=None or another tensor")
+    if activation not in (None, False, True, "silu", "swish"):
+        raise ValueError(f"activation: expected None, a bool, 'silu' or 'swish', got {activation!r}")
+    out = torch.empty_like(x) if out is None else out
+    torch.ops.gdnjit.causal_conv1d_update(x, conv_state, weight, bias, activation not in (None, False),
+                                          conv_state_indices, num_accepted_tokens, query_start_loc, max_query_len,
+                                          pad_slot_id, out)
+    return out

@@ -92,6 +92,27 @@ def no_overlap(name: str, x: torch.Tensor) -> None:
             raise ValueError(f"{name}: elements overlap in memory (stride 0 in dim {d}, strides {x.stride()})")
 
 
+def index_tensor(name: str, x: Any, n: int, device: torch.device, what: str = "[B]",
+                 contiguous: bool = True) -> str:
+    """An optional 1-D int32 / int64 tensor of ``n`` elements on ``device``; its dtype name ("none" if None)."""
+    if x is None:
+        return "none"
+    tensor(name, x, 1)
+    dtype_in(name, x, INDEX_NAMES)
+    same_device(name, x, device)
+    shape_is(name, x, (n,), what)
+    if contiguous and n > 1 and x.stride(0) != 1:
+        raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
+    return INDEX_NAMES[x.dtype]
+
+
+def vector_ok(x: torch.Tensor, dim: int, nbytes: int = 16) -> bool:
+    """Whether ``x`` has contiguous elements along ``dim`` and ``nbytes``-aligned base and other strides."""
+    es = x.element_size()
+    return (x.stride(dim) == 1 and x.data_ptr() % nbytes == 0
+            and all((x.stride(d) * es) % nbytes == 0 for d in range(x.dim()) if d != dim and x.shape[d] > 1))
+
+
 def boolean(name: str, x: Any) -> bool:
     if not isinstance(x, bool):
         raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from gdnjit import config as _config
-from gdnjit import gdn, nvfp4
+from gdnjit import conv, gdn, nvfp4
 from gdnjit.runner import RUNNER, KernelCall, KernelInterfaceError, pointer_names
 from gdnjit.spec import SPEC_DIR, get_spec, load_spec_file
 
@@ -34,7 +34,13 @@ def _nvfp4_call() -> KernelCall:
     return nvfp4._prepare(torch.randn(5, 64, dtype=torch.bfloat16), 2.0, require_cuda=False, arch="sm_90")[2]
 
 
-CALLS = {"gdn": _gdn_call, "nvfp4_quantize": _nvfp4_call}
+def _conv_call() -> KernelCall:
+    x, state, w = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(4, 64, 3), torch.randn(64, 4)
+    idx = torch.tensor([2, 0, -1], dtype=torch.int32)
+    return conv._prepare(x, state, w, None, "silu", idx, None, None, -1, -1, None, require_cuda=False)[1]
+
+
+CALLS = {"gdn": _gdn_call, "nvfp4_quantize": _nvfp4_call, "causal_conv1d_update": _conv_call}
 
 
 def _spec_copy(tmp_path, name: str, edit) -> object:
@@ -57,7 +63,8 @@ def test_calls_name_every_param_fact_and_arg(name):
     assert call.arg_values() == tuple(call.args[n] for n, _ in spec.args)
 
 
-@pytest.mark.parametrize("name,old,new", [("gdn", "scale", "qk_scale"), ("nvfp4_quantize", "x_stride", "row_stride")])
+@pytest.mark.parametrize("name,old,new", [("gdn", "scale", "qk_scale"), ("nvfp4_quantize", "x_stride", "row_stride"),
+                                               ("causal_conv1d_update", "s_col", "s_tok")])
 def test_a_renamed_arg_is_refused_by_name(tmp_path, name, old, new):
     """A copy of the spec with one kernel argument renamed: packing the op's call fails, naming both."""
     renamed = _spec_copy(tmp_path, name, lambda t: re.sub(rf"(?m)^  {old}:", f"  {new}:", t, count=1))
@@ -67,7 +74,8 @@ def test_a_renamed_arg_is_refused_by_name(tmp_path, name, old, new):
 
 
 @pytest.mark.parametrize("name,first,second", [("gdn", "q", "k"), ("gdn", "B", "HV"),
-                                               ("nvfp4_quantize", "M", "sf_rows")])
+                                               ("nvfp4_quantize", "M", "sf_rows"),
+                                               ("causal_conv1d_update", "s_slot", "s_col")])
 def test_reordered_args_are_packed_in_the_spec_order(tmp_path, name, first, second):
     """Swapping two args in a copy of the spec moves their values in the packed buffer with them: the
     layout comes from the spec's names, not from the order the op module wrote them in."""

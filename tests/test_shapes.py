@@ -122,6 +122,9 @@ def test_shipped_problems(fname):
             assert facts == {"H": dims["H"] // pr.tp, "HV": dims["HV"] // pr.tp}
             assert facts["H"] * pr.tp == dims["H"] and facts["HV"] * pr.tp == dims["HV"]
             assert params["K"] == dims["K"] and params["V"] == dims["V"]
+        elif pr.spec == "causal_conv1d_update":  # the q, k and v channels of one GPU's heads
+            assert facts == {"D": (2 * dims["H"] * dims["K"] + dims["HV"] * dims["V"]) // pr.tp}
+            assert params["W"] == 4 and params["idx_dtype"] == "int32"
         else:
             assert pr.spec == "nvfp4_quantize" and facts == {}
             assert params["K"] in {dims["hidden"], dims["intermediate"] // pr.tp}
@@ -138,6 +141,18 @@ def test_shipped_files_list_the_nvfp4_shapes(fname):
     assert {(p.model, p.tp, dict(p.params)["K"]) for p in nv} == {
         (m, tp, k) for m, d in doc["models"].items() for tp in doc["tp"] for k in (d["hidden"], d["intermediate"] // tp)}
     assert all(p.batch_fact == "M" and max(p.batch_sizes) >= 4096 for p in nv)
+
+
+@pytest.mark.parametrize("fname", SHIPPED)
+def test_shipped_files_list_the_conv_shapes(fname):
+    """The conv before each GDN layer: decode (T = 1) and the speculative verify of every T the GDN verify
+    calls list, over the same models and degrees."""
+    probs = load_shapes(fname)
+    conv = [p for p in probs if p.spec == "causal_conv1d_update"]
+    verify_T = {dict(p.params)["T"] for p in probs if p.spec == "gdn" and dict(p.params)["T"] > 1}
+    assert {dict(p.params)["T"] for p in conv if dict(p.params)["acc_dtype"] == "int32"} == verify_T
+    assert any(dict(p.params)["T"] == 1 and dict(p.params)["acc_dtype"] == "none" for p in conv)
+    assert all(p.batch_fact == "B" for p in conv)
 
 
 def heads(p: Problem) -> tuple[int, int]:

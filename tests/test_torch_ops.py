@@ -27,6 +27,7 @@ MUTATED = {
     "gated_delta_rule_mtp": {"initial_state", "output", "intermediate_states_buffer"},
     "nvfp4_quantize": set(),
     "dequantize_nvfp4": set(),
+    "causal_conv1d_update": {"conv_state", "out"},
 }
 
 
@@ -40,7 +41,7 @@ def test_every_public_op_is_registered():
     import gdnjit
 
     expected = ["gated_delta_rule_decode_pretranspose", "gated_delta_rule_decode", "gated_delta_rule_mtp",
-                "nvfp4_quantize", "dequantize_nvfp4"]
+                "nvfp4_quantize", "dequantize_nvfp4", "causal_conv1d_update"]
     assert list(ops.OP_NAMES) == expected
     assert set(expected) <= set(gdnjit.__all__) | set(dir(gdnjit))
     for name in expected:
