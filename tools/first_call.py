@@ -1,6 +1,6 @@
 """The first call in a fresh process with a warm cache: gdnjit's time beyond torch's own first CUDA op.
 
-    python tools/first_call.py [--repeat 5] [--out FILE.json]
+    python tools/first_call.py [--repeat 5] [--out FILE.json] [--tree DIR]
 
 Each sample is a fresh Python process (a subprocess running this file with --child). The child
 imports torch, runs one CUDA op and synchronises (torch's own start-up, not counted), builds the
@@ -8,7 +8,8 @@ inputs with torch, then times `import gdnjit` + the first call of each op, synch
 call for comparison. A first child, not counted, fills the disk cache (the cache dir is a fresh
 temp dir unless GDNJIT_CACHE_DIR is set), so the counted children measure spec loading, dispatch,
 the disk-cache lookup, the module load and the launch: what a serving process pays per op after
-`gdnjit warm`. Reports the median of --repeat children per op.
+`gdnjit warm`. Reports the median of --repeat children per op. ``--tree DIR`` imports gdnjit from another
+checkout (e.g. an older commit, for a before/after comparison in one run; an op it lacks is skipped).
 """
 
 from __future__ import annotations
@@ -43,6 +44,9 @@ def child() -> dict:
     slots = torch.arange(B, device=dev, dtype=torch.int32) * 2
     x = torch.randn(64, 4096, device=dev, dtype=bf)
     gs = torch.tensor([448.0 * 6.0], device=dev) / x.abs().max().float()
+    xc = torch.randn(B, 12288, device=dev, dtype=bf)
+    conv_state = torch.randn(2 * B, 3, 12288, device=dev, dtype=bf).transpose(1, 2)
+    conv_w = torch.randn(12288, 4, device=dev, dtype=bf)
     torch.cuda.synchronize()
     out = {"torch_first_cuda_op_s": t_torch}
 
@@ -52,6 +56,9 @@ def child() -> dict:
 
     def nvfp4():
         gdnjit.nvfp4_quantize(x, gs, gdnjit.SfLayout.layout_128x4)
+
+    def conv():
+        gdnjit.causal_conv1d_update(xc, conv_state, conv_w, None, "silu", conv_state_indices=slots)
 
     profiler = None
     if os.environ.get("GDNJIT_FIRST_CALL_PROFILE"):
@@ -63,7 +70,9 @@ def child() -> dict:
     import gdnjit
 
     out["import_gdnjit_s"] = time.perf_counter() - t0
-    for name, fn in (("gdn", gdn), ("nvfp4", nvfp4)):
+    for name, fn in (("gdn", gdn), ("nvfp4", nvfp4), ("conv", conv)):
+        if name == "conv" and not hasattr(gdnjit, "causal_conv1d_update"):
+            continue
         for which in ("first", "second"):
             t0 = time.perf_counter()
             fn()
@@ -87,6 +96,7 @@ def main() -> int:
     ap.add_argument("--out", help="write the samples and medians as JSON here")
     ap.add_argument("--profile", action="store_true",
                     help="also run one more child under cProfile (import + first GDN call) and print its top 30")
+    ap.add_argument("--tree", help="import gdnjit from this checkout instead of this file's")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -94,8 +104,8 @@ def main() -> int:
         return 0
     env = dict(os.environ)
     env.setdefault("GDNJIT_CACHE_DIR", tempfile.mkdtemp(prefix="gdnjit-first-call-"))
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                                      env.get("PYTHONPATH")]))
+    tree = os.path.abspath(args.tree) if args.tree else os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [tree, env.get("PYTHONPATH")]))
 
     def run() -> dict:
         res = subprocess.run([sys.executable, __file__, "--child"], env=env, capture_output=True, text=True, check=True)
@@ -107,8 +117,9 @@ def main() -> int:
     for k, val in med.items():
         print(f"{k:24s} {val * 1e3:9.1f} ms (median of {args.repeat} fresh processes)")
     first = med["import_gdnjit_s"] + med["gdn_first_s"]
-    print(f"gdnjit's first GDN call, import included: {first * 1e3:.1f} ms; first NVFP4 call after it: "
-          f"{med['nvfp4_first_s'] * 1e3:.1f} ms (cache {env['GDNJIT_CACHE_DIR']})")
+    conv = f", first conv call after them: {med['conv_first_s'] * 1e3:.1f} ms" if "conv_first_s" in med else ""
+    print(f"gdnjit ({tree}): first GDN call, import included: {first * 1e3:.1f} ms; first NVFP4 call after it: "
+          f"{med['nvfp4_first_s'] * 1e3:.1f} ms{conv} (cache {env['GDNJIT_CACHE_DIR']})")
     if args.profile:
         res = subprocess.run([sys.executable, __file__, "--child"], env=dict(env, GDNJIT_FIRST_CALL_PROFILE="1"),
                              capture_output=True, text=True, check=True)
