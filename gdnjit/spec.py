@@ -595,7 +595,9 @@ def get_spec(name: str) -> Spec:
     if not isinstance(name, str) or name not in list_specs():  # also blocks paths and absurd names
         raise ValueError(f"spec name: no shipped spec {name!r}; available: {list_specs()}")
     path = SPEC_DIR / f"{name}.yaml"
-    spec = load_spec_file(path)
+    from .spec_record import recorded  # the validated spec recorded for exactly these bytes, if any
+
+    spec = recorded(path.name, path.read_bytes()) or load_spec_file(path)
     if spec.name != name:
         raise SpecError(path.name, "name", f"must equal the file name {name!r}, got {spec.name!r}")
     return spec
