@@ -26,6 +26,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
+import jinja2
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
@@ -327,6 +328,45 @@ def test_fuzz_check_expr_agrees_with_compile_expr(text):
         return
     ast = expr._ENV.parse("{{ " + text + " }}")
     assert checked[1] == set(jinja2.meta.find_undeclared_variables(ast)) - set(expr._ENV.globals), text
+
+
+_FAST_CONTEXTS = ({"K": 3, "B": 5, "x": 2, "é": -1, "y": 1.5}, {"K": 0, "B": "a", "x": (1, 2)}, {"K": 7})
+
+
+@FUZZ
+@given(expressions)
+def test_fuzz_the_python_fast_path_evaluates_as_jinja(text):
+    """A text in the common subset (expr._fast) gives Jinja's value, or Jinja's exception, in every context; where
+    a free name is missing it raises (Jinja may instead return Undefined, also nested in a list)."""
+    import warnings
+
+    from gdnjit import expr
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SyntaxWarning)
+        fast = expr._fast(text)
+        if fast is None:
+            event("left to Jinja")
+            return
+        event("fast path")
+        jinja = expr._ENV.compile_expression(text, undefined_to_none=False)
+        for ctx in _FAST_CONTEXTS:
+            outcomes = []
+            for fn in (jinja, expr._FastExpr(*fast)):
+                try:
+                    value = fn(**ctx)
+                    # a bare undefined name: Jinja returns Undefined (expr._evaluate refuses it), Python raises
+                    outcomes.append(("undefined", "") if isinstance(value, jinja2.Undefined) else ("ok", value))
+                except jinja2.UndefinedError:
+                    outcomes.append(("undefined", ""))
+                except Exception as e:  # noqa: BLE001 - the same exception type, whatever it is
+                    outcomes.append((type(e).__name__, ""))
+            a, b = outcomes
+            if b[0] == "undefined":  # stricter than Jinja, which may carry Undefined inside a list or len([x])
+                assert not fast[1] <= set(ctx), (text, ctx, a, b)
+                continue
+            same = a == b or (a[0] == b[0] == "ok" and isinstance(a[1], float) and a[1] != a[1] and b[1] != b[1])
+            assert same and type(a[1]) is type(b[1]), (text, ctx, a, b)
 
 
 # ---- (b) shapes ---------------------------------------------------------------------------------

@@ -355,3 +355,31 @@ def test_variant_rejects_invalid_tunables():
         Variant.make(spec, p, t, "sm_90")
     with pytest.raises(ValueError, match="params must be exactly"):
         Variant.make(spec, {"K": 64}, t, "sm_90")
+
+
+def test_referenced_templates_agree_with_jinjas_parser():
+    """The regex scan the cache key uses finds exactly what Jinja's parser finds, in every shipped template."""
+    import jinja2.meta
+
+    from gdnjit.render import _ENV, _source, referenced_templates
+
+    names = _ENV.loader.list_templates()
+    assert len(names) >= 10
+    for name in names:
+        src = _source(name)
+        assert sorted(referenced_templates(name, src)) == sorted(jinja2.meta.find_referenced_templates(_ENV.parse(src)))
+
+
+@pytest.mark.parametrize("src", ['{% include name %}', '{%- import x ~ "y" as z %}', "{% from ['a', 'b'] import c %}"])
+def test_a_dynamic_reference_is_refused(src):
+    from gdnjit.render import RenderError, referenced_templates
+
+    with pytest.raises(RenderError, match="dynamic includes are not allowed"):
+        referenced_templates("t.j2", src)
+
+
+def test_commented_references_are_not_followed():
+    from gdnjit.render import referenced_templates
+
+    assert referenced_templates("t.j2", '{# {% include "gone.j2" %} #}{% include "prelude.cuh.j2" %}') == \
+        ["prelude.cuh.j2"]
