@@ -77,7 +77,8 @@ def check(x, kw, out, state_before, silu):
     ref_out, ref_state = conv_reference(x, state_before, kw["weight"], kw.get("bias"), silu,
                                         kw.get("conv_state_indices"), kw.get("num_accepted_tokens"),
                                         kw.get("query_start_loc"), kw.get("max_query_len", -1))
-    r = RTOL[x.dtype]
+    # the output is rounded to the state dtype, then to x's (as vLLM does): the coarser of the two decides
+    r = max(RTOL[x.dtype], RTOL[state_before.dtype])
     torch.testing.assert_close(out.double(), ref_out, rtol=r, atol=1e-5)
     assert torch.equal(kw["conv_state"], ref_state), "pool differs from the reference"
 
@@ -128,7 +129,8 @@ def test_every_tunable_choice():
             RUNNER.get_launcher(variant, call.device)(grid, call.arg_values())
             check(x, kw, out, before, True)
             n += 1
-        assert n >= (16 if contig else 4)
+        # vec * element bytes <= 16 (fp32 state: vec <= 4) x 4 thread counts; strided: vec 1 only
+        assert n == (12 if contig else 4)
 
 
 def test_in_place_and_pad_slot_id():
@@ -163,7 +165,7 @@ def test_cuda_graph_of_several_steps_and_the_torch_op():
         for i in range(3):
             ref_out, state = conv_reference(xs[i], state, kw["weight"], kw["bias"], True, kw["conv_state_indices"],
                                             kw["num_accepted_tokens"])
-            torch.testing.assert_close(outs[i].double(), ref_out, rtol=RTOL[x.dtype], atol=1e-5)
+            torch.testing.assert_close(outs[i].double(), ref_out, rtol=RTOL[torch.bfloat16], atol=1e-5)
         assert torch.equal(kw["conv_state"], state)
 
     fn = torch.compile(lambda x, s: ops.causal_conv1d_update(x, s, kw["weight"], kw["bias"], "silu",
