@@ -34,7 +34,30 @@ def check_arch(arch: str) -> tuple[int, str]:
 
 @functools.lru_cache(maxsize=None)
 def nvrtc_version() -> str:
-    """'major.minor' of the NVRTC library that compiles (part of every cache key)."""
+    """'major.minor' of the NVRTC that compiles (part of every cache key).
+
+    Read from the installed NVRTC wheel that cuda-bindings loads (``nvidia-cuda-nvrtc`` for cuda-bindings 13,
+    ``nvidia-cuda-nvrtc-cu12`` for 12), so a process whose kernels are all cached never loads the library
+    (~60 ms of its first call on an H100 host); from the library itself where no such wheel is installed.
+    Every compile checks that the library it loaded reports this version (:func:`compile_cubin`)."""
+    return _wheel_nvrtc_version() or loaded_nvrtc_version()
+
+
+def _wheel_nvrtc_version() -> str | None:
+    from importlib import metadata
+
+    try:
+        major = int(metadata.version("cuda-bindings").split(".")[0])
+        version = metadata.version("nvidia-cuda-nvrtc" if major >= 13 else f"nvidia-cuda-nvrtc-cu{major}")
+    except (metadata.PackageNotFoundError, ValueError):
+        return None
+    parts = version.split(".")
+    return f"{int(parts[0])}.{int(parts[1])}" if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit() else None
+
+
+@functools.lru_cache(maxsize=None)
+def loaded_nvrtc_version() -> str:
+    """'major.minor' that the NVRTC library cuda-bindings loads reports (``nvrtcVersion``)."""
     from cuda.bindings import nvrtc
 
     err, major, minor = nvrtc.nvrtcVersion()
@@ -68,6 +91,11 @@ def compile_cubin(source: str, arch: str, name: str) -> CompileResult:
     """Compile ``source`` for ``arch``; raises CompileError (with log and numbered source) on failure."""
     from cuda.bindings import nvrtc
 
+    if loaded_nvrtc_version() != nvrtc_version():  # the cache key would name another NVRTC than the one compiling
+        raise RuntimeError(
+            f"NVRTC: the library cuda-bindings loaded reports {loaded_nvrtc_version()}, but the installed NVRTC wheel "
+            f"is {nvrtc_version()} (the version cache keys are built with); install the NVRTC wheel that matches "
+            f"the loaded library, or remove the wheel so the library's version is used")
     options = options_for(arch)
     t0 = time.perf_counter()
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])

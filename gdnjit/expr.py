@@ -15,10 +15,7 @@ import math
 import re
 from typing import Any, Callable, Mapping
 
-import jinja2
-import jinja2.sandbox
-from jinja2 import nodes
-from jinja2.parser import Parser
+import sys
 
 
 def wave_fill_pct(ctas: int, slots: int) -> int:
@@ -33,9 +30,19 @@ def wave_fill_pct(ctas: int, slots: int) -> int:
     return 100 * ctas // (slots * -(-ctas // slots))
 
 
-_ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined)
-_ENV.globals.update(min=min, max=max, abs=abs, int=int, len=len, wave_fill_pct=wave_fill_pct)
-_FAST_GLOBALS = {"__builtins__": {}, **{k: _ENV.globals[k] for k in ("min", "max", "abs", "int", "len", "wave_fill_pct")}}
+GLOBALS = dict(min=min, max=max, abs=abs, int=int, len=len, wave_fill_pct=wave_fill_pct)  # what expressions may call
+_FAST_GLOBALS = {"__builtins__": {}, **GLOBALS}
+# Jinja's own default globals (jinja2.defaults.DEFAULT_NAMESPACE; a test keeps this list true): a text naming
+# one is left to Jinja, and none is a free name
+_JINJA_GLOBALS = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace"})
+
+
+def __getattr__(name):
+    if name == "_ENV":  # the Jinja environment, created on first use (tests and the Jinja path)
+        from .expr_jinja import ENV
+
+        return ENV
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class ExprError(ValueError):
@@ -68,8 +75,7 @@ def _fast(text: str):
         if not isinstance(node, _FAST_NODES):
             return None
         if isinstance(node, ast.Name):
-            if node.id in _JINJA_NAMES or node.id.startswith("_") or (node.id in _ENV.globals and
-                                                                        node.id not in _FAST_GLOBALS):
+            if node.id in _JINJA_NAMES or node.id in _JINJA_GLOBALS or node.id.startswith("_"):
                 return None
             names.add(node.id)
         elif isinstance(node, ast.Constant):
@@ -86,12 +92,12 @@ def _fast(text: str):
                 return None
     if sum(map(text.count, "([{")) > _MAX_PLAIN_DEPTH:
         return None
-    return compile(tree, "<gdnjit expression>", "eval"), frozenset(names - set(_ENV.globals))
+    return compile(tree, "<gdnjit expression>", "eval"), frozenset(names - set(GLOBALS))
 
 
 class _FastExpr:
     """A compiled common-subset expression, called like Jinja's: keyword values in, the value out; a free
-    name the call lacks raises jinja2.UndefinedError with Jinja's message."""
+    name the call lacks raises :class:`UndefinedName` with Jinja's message."""
 
     __slots__ = ("code", "names")
 
@@ -104,7 +110,11 @@ class _FastExpr:
         try:
             return eval(self.code, scope)  # noqa: S307 - a whitelisted AST (_FAST_NODES), no builtins
         except NameError as e:
-            raise jinja2.UndefinedError(f"{e.name!r} is undefined") from None
+            raise UndefinedName(f"{e.name!r} is undefined") from None
+
+
+class UndefinedName(Exception):
+    """A common-subset expression read a name its values lack (Jinja: ``UndefinedError``)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -118,60 +128,12 @@ def compile_expr(text: str) -> Callable[..., Any]:
     fast = _fast(text)
     if fast is not None:
         return _FastExpr(*fast)
-    try:
-        return _ENV.compile_expression(text, undefined_to_none=False)
-    except jinja2.TemplateSyntaxError as e:
-        raise ExprError(f"syntax error in expression {text!r}: {e.message}") from None
+    from .expr_jinja import compile_text
+
+    return compile_text(text)
 
 
-# Node types for which Jinja's code generator has no check of its own that can fail, when a call passes no
-# keyword or * / ** arguments (a keyword named like a Python keyword, or repeated, fails in Python's
-# compile). Filters and tests are not among them: an unknown one fails in the generator.
-_PLAIN_NODES = (
-    nodes.Name, nodes.Const, nodes.Tuple, nodes.List, nodes.CondExpr, nodes.Compare, nodes.Operand,
-    nodes.BinExpr, nodes.UnaryExpr, nodes.Concat, nodes.Call, nodes.Getattr, nodes.Getitem, nodes.Slice,
-)
-# Name-free nodes that Jinja's constant folding turns into a value of the same size (or leaves alone). Other
-# name-free parts are folded while compiling, which can fail: 10 ** 9999 (too many digits to write out),
-# {[1]: 2} (TypeError); only small arithmetic (48 * 1024, -1) is let through (_small_arithmetic).
-_LITERALS = (nodes.Const, nodes.Tuple, nodes.List, nodes.Slice)
-_MAX_PLAIN_DEPTH = 32  # the generated Python nests ~2 parentheses a level; Python allows 200
-
-
-class _NotPlain(Exception):
-    pass
-
-
-def _plain_names(node: nodes.Node, depth: int = 0) -> bool:
-    """Whether ``node`` reads a name; raises _NotPlain unless compiling it cannot fail (see above)."""
-    if depth > _MAX_PLAIN_DEPTH or not isinstance(node, _PLAIN_NODES):
-        raise _NotPlain
-    if isinstance(node, nodes.Call) and (node.kwargs or node.dyn_args or node.dyn_kwargs):
-        raise _NotPlain
-    if isinstance(node, nodes.Name):
-        return True
-    reads = False
-    for child in node.iter_child_nodes():
-        reads = _plain_names(child, depth + 1) or reads
-    if not reads and not isinstance(node, (_LITERALS, nodes.Operand)) and not _small_arithmetic(node):
-        raise _NotPlain  # (an Operand, one comparison's right-hand side, is not folded alone)
-    return reads
-
-
-def _small_arithmetic(node: nodes.Node) -> bool:
-    """``node`` is + - * / // % (not **) and unary signs over at most 8 numbers below 2**64: folded, an integer
-    below 2**512 or a float (an error, e.g. division by zero, is not folded: Jinja compiles the operation)."""
-    leaves = []
-
-    def walk(n: nodes.Node) -> bool:
-        if isinstance(n, nodes.Const):
-            leaves.append(n.value)
-            return isinstance(n.value, (int, float)) and abs(n.value) < 2 ** 64 and len(leaves) <= 8
-        if isinstance(n, (nodes.Add, nodes.Sub, nodes.Mul, nodes.Div, nodes.FloorDiv, nodes.Mod)):
-            return walk(n.left) and walk(n.right)
-        return isinstance(n, (nodes.Neg, nodes.Pos)) and walk(n.node)
-
-    return walk(node)
+_MAX_PLAIN_DEPTH = 32  # Jinja's generated Python nests ~2 parentheses a level; Python allows 200
 
 
 @functools.lru_cache(maxsize=4096)
@@ -186,22 +148,9 @@ def check_expr(text: str) -> frozenset[str]:
     fast = _fast(text)
     if fast is not None:  # Jinja parses the common subset as Python does (no Jinja parse needed)
         return fast[1]
-    try:
-        parser = Parser(_ENV, text, state="variable")
-        node = parser.parse_expression()
-        if not parser.stream.eos:
-            raise jinja2.TemplateSyntaxError("chunk after expression", parser.stream.current.lineno, None, None)
-    except jinja2.TemplateSyntaxError as e:
-        raise ExprError(f"syntax error in expression {text!r}: {e.message}") from None
-    try:
-        _plain_names(node)
-        if sum(map(text.count, "([{")) > _MAX_PLAIN_DEPTH:  # deep brackets: the compile's own parse may recurse
-            raise _NotPlain                                 # too deep (parentheses make no nodes to count)
-    except _NotPlain:
-        compile_expr(text)
-    # 'self' is the template reference, defined in every template (as in jinja2.meta.find_undeclared_variables)
-    names = {n.name for n in (node, *node.find_all(nodes.Name)) if isinstance(n, nodes.Name) and n.ctx == "load"}
-    return frozenset(names - {"self"} - set(_ENV.globals))
+    from .expr_jinja import check_text
+
+    return check_text(text, compile_expr)
 
 
 def names_in(text: str) -> frozenset[str]:
@@ -302,12 +251,19 @@ def _evaluate_memo(text: str, names: tuple[str, ...], values: tuple) -> Any:
 
 def _evaluate(text: str, context: Mapping[str, Any]) -> Any:
     fn = compile_expr(text)
+    jinja2 = sys.modules.get("jinja2")  # loaded only if some expression took the Jinja path
     try:
         result = fn(**context)
-    except jinja2.UndefinedError as e:
-        raise ExprError(f"expression {text!r}: {e.message}") from None
-    except (TypeError, ArithmeticError, ValueError, jinja2.exceptions.SecurityError) as e:
+    except UndefinedName as e:
+        raise ExprError(f"expression {text!r}: {e}") from None
+    except (TypeError, ArithmeticError, ValueError) as e:
         raise ExprError(f"expression {text!r}: {type(e).__name__}: {e}") from None
-    if isinstance(result, jinja2.Undefined):
+    except Exception as e:
+        if jinja2 is not None and isinstance(e, jinja2.UndefinedError):
+            raise ExprError(f"expression {text!r}: {e.message}") from None
+        if jinja2 is not None and isinstance(e, jinja2.exceptions.SecurityError):
+            raise ExprError(f"expression {text!r}: {type(e).__name__}: {e}") from None
+        raise
+    if jinja2 is not None and isinstance(result, jinja2.Undefined):
         raise ExprError(f"expression {text!r} evaluated to undefined")
     return result

@@ -11,17 +11,31 @@ import functools
 import hashlib
 import re
 from typing import Any, Mapping
+from pathlib import Path
 
-import jinja2
+TEMPLATE_DIR = Path(__file__).parent / "templates"
 
-_ENV = jinja2.Environment(
-    loader=jinja2.PackageLoader("gdnjit", "templates"),
-    undefined=jinja2.StrictUndefined,
-    trim_blocks=True,
-    lstrip_blocks=True,
-    keep_trailing_newline=True,
-    autoescape=False,
-)
+
+@functools.lru_cache(maxsize=1)
+def _env():
+    """The Jinja environment, created on the first render: a process whose kernels are all cached (the cache
+    key reads the template files directly) never imports Jinja."""
+    import jinja2
+
+    return jinja2.Environment(
+        loader=jinja2.FileSystemLoader(str(TEMPLATE_DIR)),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+
+
+def __getattr__(name):
+    if name == "_ENV":
+        return _env()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Codes of the storage dtypes in the prelude's DT<C> traits, and C spellings of index/arg types.
 DTYPE_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
@@ -33,16 +47,21 @@ class RenderError(ValueError):
     """A template failed to render (missing variable, syntax error)."""
 
 
+def _path(name: str) -> Path | None:
+    """The file of template ``name`` (a plain name inside the templates folder), or None."""
+    p = TEMPLATE_DIR / name
+    return p if "/" not in name and "\\" not in name and name not in ("", ".", "..") and p.is_file() else None
+
+
 def template_exists(name: str) -> bool:
-    try:
-        _ENV.loader.get_source(_ENV, name)
-    except jinja2.TemplateNotFound:
-        return False
-    return True
+    return _path(name) is not None
 
 
 def _source(name: str) -> str:
-    return _ENV.loader.get_source(_ENV, name)[0]
+    p = _path(name)
+    if p is None:
+        raise RenderError(f"template {name}: no such file in {TEMPLATE_DIR}")
+    return p.read_text()
 
 
 # {% include / import / from / extends NAME ... %} outside {# comments #}: a regex, not Jinja's parser (which
@@ -85,8 +104,10 @@ def template_hash(name: str) -> str:
 def render(template: str, values: Mapping[str, Any]) -> str:
     """Render ``template`` with ``values`` (plus the ``ctype`` / ``dtc`` tables and ``template_name``, the file
     rendered, for the source's header); RenderError on failure."""
+    import jinja2
+
     try:
-        return _ENV.get_template(template).render(dict(values), ctype=CTYPES, dtc=DTYPE_CODES, template_name=template)
+        return _env().get_template(template).render(dict(values), ctype=CTYPES, dtc=DTYPE_CODES, template_name=template)
     except jinja2.UndefinedError as e:
         raise RenderError(f"template {template}: {e.message} (values: {sorted(values)})") from None
     except jinja2.TemplateError as e:

@@ -40,7 +40,7 @@ from typing import Any
 
 from . import expr as _expr
 from .errors import SpecError
-from .yamlio import LineDict, LineList, read_yaml_file
+from .lined import LineDict, LineList
 
 SPEC_DIR = Path(__file__).parent / "specs"
 _SCALAR = (bool, int, float, str)
@@ -584,6 +584,8 @@ def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
 
 def load_spec_file(path: str | Path) -> Spec:
     """Load and validate one spec YAML file; raises SpecError naming file, line and key."""
+    from .yamlio import read_yaml_file  # only here: a recorded spec needs no YAML library (spec_record)
+
     path = Path(path)
     shipped = path.parent == SPEC_DIR  # read with libyaml (yamlio.load_yaml)
     return parse_spec(read_yaml_file(path, fast=shipped), path.name if shipped else str(path))

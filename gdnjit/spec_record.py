@@ -3,8 +3,7 @@
 Parsing a spec checks every expression (Jinja's lexer: ~0.25 ms each, ~110 in ``gdn.yaml``) and that
 every parameter combination has a fallback rule; together ~50-100 ms of CPU, which a serving process
 paid per op. ``specs/validated.json`` records, per shipped spec file, the validated :class:`Spec` as
-JSON, keyed by a digest of the YAML bytes and of the code that validates them (``spec.py``, ``expr.py``,
-``yamlio.py``). :func:`gdnjit.spec.get_spec` takes the record when the digest matches and parses the
+JSON, keyed by a digest of the YAML bytes and of the code that validates them (``_VALIDATOR``). :func:`gdnjit.spec.get_spec` takes the record when the digest matches and parses the
 file otherwise (an edited spec, or edited validator code: correct, only slower). ``python -m
 gdnjit.spec_record`` rewrites the records; a CPU test fails while they are stale.
 """
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 RECORDS = Path(__file__).parent / "specs" / "validated.json"
-_VALIDATOR = ("spec.py", "expr.py", "yamlio.py")
+_VALIDATOR = ("spec.py", "expr.py", "expr_jinja.py", "yamlio.py", "lined.py")
 
 
 @functools.lru_cache(maxsize=1)

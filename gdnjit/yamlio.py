@@ -8,27 +8,7 @@ from typing import Any
 import yaml
 
 from .errors import SpecError
-
-
-class LineDict(dict):
-    """A dict from YAML that knows the line of each key (``.line_of(key)``) and its own line."""
-
-    line: int | None = None
-    key_lines: dict
-
-    def line_of(self, key: Any) -> int | None:
-        return getattr(self, "key_lines", {}).get(key, self.line)
-
-
-class LineList(list):
-    """A list from YAML that knows the line of each item (``.line_of(index)``)."""
-
-    line: int | None = None
-    item_lines: list
-
-    def line_of(self, index: int) -> int | None:
-        lines = getattr(self, "item_lines", [])
-        return lines[index] if 0 <= index < len(lines) else self.line
+from .lined import LineDict, LineList
 
 
 class _Loader(yaml.SafeLoader):

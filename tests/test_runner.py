@@ -128,3 +128,38 @@ def test_a_replaced_config_clears_the_runner_and_the_ops_memos(tmp_path):
         assert not gdn._fast and not gdn._guarded and not RUNNER._resolved
     finally:
         _config.set_config(None)
+
+
+_WARM_HOT_PATH = """
+import json, sys
+import torch
+import gdnjit.gdn, gdnjit.nvfp4, gdnjit.conv
+from gdnjit.config import get_config
+from gdnjit.runner import build_entry, choose_variant
+from gdnjit.spec import get_spec
+p = dict(layout="klast", K=128, V=128, T=1, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32", dtb_dtype="fp32",
+         pool=True, idx_dtype="int32", same_pool=True, inter_dtype="none", ssm_idx_dtype="none", update=True, l2norm=True)
+v = choose_variant(get_spec("gdn"), p, dict(B=32, H=16, HV=32, num_sms=132), "sm_90")
+entry = build_entry(v, get_config())
+print(json.dumps({"origin": entry.origin, "loaded": [m for m in ("jinja2", "yaml", "filelock", "cuda.bindings.nvrtc")
+                                                      if m in sys.modules]}))
+"""
+
+
+def test_a_warm_cache_hit_imports_no_jinja_yaml_filelock_or_nvrtc(tmp_path):
+    """A serving process whose kernels are cached resolves, keys and reads its variant without the libraries
+    only a miss needs (each costs its first call 10-60 ms): the records replace YAML, the common expression
+    subset Jinja, the regex include scan Jinja again, the NVRTC wheel's metadata the library."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, GDNJIT_CACHE_DIR=str(tmp_path / "cache"))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SPEC_DIR.parents[1]), env.get("PYTHONPATH")]))
+    run = lambda: json.loads(subprocess.run([sys.executable, "-c", _WARM_HOT_PATH], env=env, capture_output=True,  # noqa: E731
+                                            text=True, check=True).stdout.splitlines()[-1])
+    first = run()  # compiles (a miss loads what it needs)
+    assert first["origin"] == "built"
+    second = run()
+    assert second == {"origin": "disk", "loaded": []}

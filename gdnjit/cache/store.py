@@ -31,8 +31,6 @@ import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
-import filelock
-
 from ..config import Config
 from ..errors import CacheMissError, LockTimeoutError
 from .key import CACHE_FORMAT, cache_key
@@ -284,6 +282,8 @@ class DiskCache:
         lock_dir = cfg.effective_lock_dir
         _make_dir(lock_dir, "GDNJIT_LOCK_DIR" if cfg.lock_dir is not None else "GDNJIT_CACHE_DIR")
         lock_path = lock_dir / f"{name}.lock"
+        import filelock  # only on a miss (and in evict): a warm-cache hit takes no lock, so never imports it
+
         try:
             with filelock.FileLock(str(lock_path), timeout=cfg.lock_timeout_s):
                 if not cfg.always_compile:
@@ -367,6 +367,8 @@ class DiskCache:
             return Eviction(max(limit, 0), before, total, (), ())
         keep = set(keep)
         lock_dir = self.config.effective_lock_dir
+        import filelock
+
         lock_dir.mkdir(parents=True, exist_ok=True)
         removed: list[str] = []
         skipped: list[str] = []

@@ -310,14 +310,16 @@ def test_waits_for_lock_then_rechecks_and_does_not_build(tmp_path, monkeypatch, 
     kill_children.append(proc)
     assert proc.stdout.readline().strip() == "locked"
 
-    real_lock = store.filelock.FileLock
+    import filelock  # the store imports it on a miss; its FileLock is what it calls
+
+    real_lock = filelock.FileLock
 
     def lock_spy(path, *a, **kw):  # tells the child that our lookup missed and we now take the lock
         assert str(path) == str(lock_path)
         go.touch()
         return real_lock(path, *a, **kw)
 
-    monkeypatch.setattr(store.filelock, "FileLock", lock_spy)
+    monkeypatch.setattr(filelock, "FileLock", lock_spy)
     t0 = time.monotonic()
     e = c.get_or_build(name, f, must_not_build)
     waited = time.monotonic() - t0
