@@ -169,6 +169,24 @@ def cmd_tune(args) -> int:
     return 0
 
 
+def _facts(args, spec) -> dict[str, int]:
+    """The runtime facts the dispatcher sees for ``spec``: ``-f NAME=VALUE``, else the shorthands --B / --H /
+    --HV / --num-sms (their defaults where the spec has them); ValueError naming a fact that is missing,
+    unknown or not a positive integer."""
+    given = _kv(args.fact, "--fact")
+    unknown = sorted(set(given) - set(spec.facts))
+    if unknown:
+        raise ValueError(f"--fact: expected facts of spec {spec.name} ({', '.join(spec.facts)}), got unknown {unknown}")
+    bad = {k: v for k, v in given.items() if isinstance(v, bool) or not isinstance(v, int) or v <= 0}
+    if bad:
+        raise ValueError(f"--fact: expected positive integers, got {bad}")
+    facts = {"B": args.B or 1, "H": args.H, "HV": args.HV, "num_sms": args.num_sms, **given}
+    missing = [f for f in spec.facts if f not in facts]
+    if missing:
+        raise ValueError(f"--fact: spec {spec.name} needs the facts {missing}; give them as -f {missing[0]}=VALUE")
+    return {f: facts[f] for f in spec.facts}
+
+
 def _variant_from_args(args):
     from . import dispatch
     from .spec import get_spec
@@ -181,12 +199,12 @@ def _variant_from_args(args):
         raise ValueError(f"--param: expected params of spec {spec.name} ({', '.join(spec.param_names)}), "
                          f"got unknown {sorted(unknown)}")
     params = {n: given.get(n, vals[0]) for n, vals in spec.params}
-    facts = {"B": args.B, "H": args.H, "HV": args.HV, "num_sms": args.num_sms}
+    facts = _facts(args, spec)
     tunables = _kv(args.tunable, "--tunable")
     if not tunables:
-        tunables, _ = dispatch.select(spec, params, {f: facts[f] for f in spec.facts if f in facts})
+        tunables, _ = dispatch.select(spec, params, facts)
     else:
-        chosen, _ = dispatch.select(spec, params, {f: facts[f] for f in spec.facts if f in facts})
+        chosen, _ = dispatch.select(spec, params, facts)
         tunables = {**chosen, **tunables}
     return Variant.make(spec, params, tunables, args.arch)
 
@@ -339,6 +357,8 @@ def cmd_spec(args) -> int:
                   f"{len(spec.rules)} rules)")
         return 0
     spec = get_spec(args.target[0])
+    explain = bool(args.param or args.B or args.fact)
+    spec_facts = _facts(args, spec) if explain else None  # bad facts: one line before any output
     print(f"spec {spec.name}: {spec.description.strip()}")
     print(f"template: {spec.describe_template()}   kernel: {spec.kernel_name}   file: {spec.file}")
     for n, vals in spec.params:
@@ -351,12 +371,10 @@ def cmd_spec(args) -> int:
         print(f"constraint {c.expr}   # {c.why}")
     for i, r in enumerate(spec.rules):
         print(f"rule {i} (line {r.line}): when {r.when or '(always)'} -> {dict(r.use)}   # {r.why.strip()}")
-    if args.param or args.B:
+    if explain:
         given = _kv(args.param, "--param")
         params = {n: given.get(n, vals[0]) for n, vals in spec.params}
-        facts = {"B": args.B or 1, "H": args.H, "HV": args.HV, "num_sms": args.num_sms}
-        print(f"\nfor {params} with {facts}:")
-        spec_facts = {f: facts[f] for f in spec.facts if f in facts}
+        print(f"\nfor {params} with {spec_facts}:")
         for line in dispatch.explain(spec, params, spec_facts):
             print("  " + line)
         if spec.template_fields:
@@ -408,9 +426,11 @@ def _variant_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-p", "--param", action="append", help="spec param NAME=VALUE (default: first allowed value)")
     p.add_argument("-t", "--tunable", action="append", help="tunable NAME=VALUE (default: the dispatcher's choice)")
     p.add_argument("--arch", type=_arch, default="sm_90", help="target arch (default sm_90)")
-    p.add_argument("--B", type=_positive, default=None, help="batch size the dispatcher sees (default 1)")
-    p.add_argument("--H", type=_positive, default=16)
-    p.add_argument("--HV", type=_positive, default=32)
+    p.add_argument("-f", "--fact", action="append", help="runtime fact NAME=VALUE the dispatcher sees (any spec's "
+                   "facts, e.g. -f D=12288 for causal_conv1d_update, -f M=4096 for nvfp4_quantize)")
+    p.add_argument("--B", type=_positive, default=None, help="shorthand for -f B=VALUE (default 1)")
+    p.add_argument("--H", type=_positive, default=16, help="shorthand for -f H=VALUE (gdn)")
+    p.add_argument("--HV", type=_positive, default=32, help="shorthand for -f HV=VALUE (gdn)")
     p.add_argument("--num-sms", type=_positive, default=132)
 
 

@@ -805,3 +805,22 @@ def test_warm_help_documents_strict(capsys):
     assert ei.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--strict exit with status 1 if any variant spills registers" in text
+
+
+@pytest.mark.parametrize("argv, needles", [
+    (["render", "causal_conv1d_update"], ("--fact: spec causal_conv1d_update needs the facts ['D']", "-f D=VALUE")),
+    (["render", "gdn", "-f", "M=3"], ("--fact: expected facts of spec gdn", "unknown ['M']")),
+    (["render", "nvfp4_quantize", "-f", "M=0"], ("--fact: expected positive integers", "'M': 0")),
+    (["spec", "show", "causal_conv1d_update", "-f", "B=4"], ("needs the facts ['D']",)),
+    (["render", "gdn", "-f", "B"], ("--fact: expected NAME=VALUE",)),
+])
+def test_bad_facts(cache_dir, argv, needles):
+    bad_input(argv, cache_dir, *needles)
+
+
+def test_facts_of_any_spec():
+    """-f gives the facts of every spec (conv: D; nvfp4: M), and what the rules see changes with them."""
+    rc, out, _ = run_cli(["spec", "show", "causal_conv1d_update", "-p", "contig=true", "-f", "D=12288", "--B", "64"])
+    assert rc == 0 and "'D': 12288" in out and "CHOSEN {'vec': 2, 'threads': 128}" in out
+    rc, out, _ = run_cli(["render", "nvfp4_quantize", "-p", "K=7680", "-f", "M=8192"])
+    assert rc == 0 and "constexpr int K = 7680;" in out and "blocks_per_thread=2" in out
