@@ -2,7 +2,7 @@
 
 This module only validates arguments and builds a named :class:`~gdnjit.runner.KernelCall` of the
 ``causal_conv1d_update`` spec (``specs/causal_conv1d_update.yaml``); :mod:`gdnjit.runner` does the rest.
-Semantics (docs/design.md section 6; reference :func:`gdnjit.reference.conv.conv_reference`).
+Semantics (docs/design.md section 10; reference :func:`gdnjit.reference.conv.conv_reference`).
 """
 
 from __future__ import annotations

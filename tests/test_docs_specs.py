@@ -149,6 +149,12 @@ def test_guide_has_the_required_steps():
     for needle in ("gdnjit spec validate", "gdnjit spec show gdn --B", "--dry-run"):
         assert any(needle in r for r in runs), needle
     assert any(r.startswith("gdnjit warm") and "--dry-run" not in r for r in runs), "a real warm"
+    # part E: a new op is a spec, a template and an op module, validated, shown, rendered, warmed and called
+    for f in ("gdnjit/specs/scale_rows.yaml", "gdnjit/templates/scale_rows.cu.j2", "gdnjit/scale_rows.py"):
+        assert f in files, f
+    for needle in ("gdnjit spec validate scale_rows", "gdnjit render scale_rows", "--shapes my_shapes/scale.yaml",
+                   "check_scale_cpu.py"):
+        assert any(needle in r for r in runs), needle
     # every block the tests act on is tagged correctly; untagged yaml/python blocks would be silently skipped
     for b in BLOCKS:
         if b["lang"] in ("yaml", "python"):

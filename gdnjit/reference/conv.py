@@ -1,4 +1,4 @@
-"""Torch reference of the decode-time causal conv1d update (docs/design.md section 6), any precision.
+"""Torch reference of the decode-time causal conv1d update (docs/design.md section 10), any precision.
 
 A plain loop over requests and tokens, written from the contract rather than from the kernel: the
 conv-state window of each request, the convolution, the optional silu, and the state columns the
