@@ -348,9 +348,7 @@ def _shapes_keys(doc: LineDict, file: str, params: tuple, facts: tuple) -> tuple
     batch = doc.get("batch_fact", candidates[0] if candidates else "")
     if batch not in candidates and (batch or candidates):
         raise _err(file, "batch_fact", f"expected one of the facts {candidates}, got {batch!r}", doc, "batch_fact")
-    table = doc.get("from_model", LineDict())
-    if not isinstance(table, dict):
-        raise _err(file, "from_model", "expected a mapping of param or fact -> expression", doc, "from_model")
+    table = _section(doc, file, "from_model", "param or fact -> expression")
     out = []
     for name, e in table.items():
         key = f"from_model.{name}"
@@ -362,20 +360,37 @@ def _shapes_keys(doc: LineDict, file: str, params: tuple, facts: tuple) -> tuple
     return batch, tuple(out)
 
 
-def _param_domains(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, str], ...]:
-    """``param_domains``: integer params that accept any value for which an expression over the param
-    alone holds; every listed value must be inside (the list is what warm and the checks enumerate)."""
-    table = doc.get("param_domains", LineDict())
+def _section(doc: LineDict, file: str, section: str, what: str) -> LineDict:
+    """The mapping at ``section`` ({} if absent); SpecError naming it if it is not a mapping of ``what``."""
+    table = doc.get(section, LineDict())
     if not isinstance(table, dict):
-        raise _err(file, "param_domains", "expected a mapping of param name -> expression", doc, "param_domains")
+        raise _err(file, section, f"expected a mapping of {what}", doc, section)
+    return table
+
+
+def _param_expressions(doc: LineDict, file: str, params: tuple, section: str, what: str, reads) -> list:
+    """``section``: a mapping of param name -> an expression that may read only the name ``reads(param)``;
+    [(param, text, the mapping)] in file order (SpecError naming the entry otherwise)."""
+    table = _section(doc, file, section, what)
     out = []
     for name, e in table.items():
-        key = f"param_domains.{name}"
+        key = f"{section}.{name}"
         if name not in dict(params):
             raise _err(file, key, f"must name a param ({sorted(dict(params))})", table, name)
         text = _expr_str(e, file, key, table, name)
-        if _expr.names_in(text) - {name}:
-            raise _err(file, key, f"may read only {name}, reads {sorted(_expr.names_in(text))}", table, name)
+        if _expr.names_in(text) - {reads(name)}:
+            raise _err(file, key, f"may read only {reads(name)}, reads {sorted(_expr.names_in(text))}", table, name)
+        out.append((name, text, table))
+    return out
+
+
+def _param_domains(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, str], ...]:
+    """``param_domains``: integer params that accept any value for which an expression over the param
+    alone holds; every listed value must be inside (the list is what warm and the checks enumerate)."""
+    out = []
+    for name, text, table in _param_expressions(doc, file, params, "param_domains", "param name -> expression",
+                                                lambda name: name):
+        key = f"param_domains.{name}"
         for v in dict(params)[name]:
             if isinstance(v, bool) or not isinstance(v, int):
                 raise _err(file, key, f"only integer params take a domain; {name} lists {v!r}", table, name)
@@ -415,9 +430,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
     known = set(dict(params)) | set(dict(tunables))
     domains = _param_domains(doc, file, params)
 
-    derived_doc = doc.get("derived", LineDict())
-    if not isinstance(derived_doc, dict):
-        raise _err(file, "derived", "expected a mapping of name -> expression", doc, "derived")
+    derived_doc = _section(doc, file, "derived", "name -> expression")
     derived = []
     for name, e in derived_doc.items():
         key = f"derived.{name}"
@@ -441,18 +454,8 @@ def parse_spec(doc: Any, file: str) -> Spec:
     if not isinstance(module, str) or (module and not module.isidentifier()):
         raise _err(file, "module", f"expected the name of a module under gdnjit (e.g. gdn), got {module!r}", doc,
                    "module")
-    arch_doc = doc.get("from_arch", LineDict())
-    if not isinstance(arch_doc, dict):
-        raise _err(file, "from_arch", "expected a mapping of param -> expression over arch", doc, "from_arch")
-    from_arch = []
-    for name, e in arch_doc.items():
-        key = f"from_arch.{name}"
-        if name not in dict(params):
-            raise _err(file, key, f"must name a param ({sorted(dict(params))})", arch_doc, name)
-        text = _expr_str(e, file, key, arch_doc, name)
-        if _expr.names_in(text) - {"arch"}:
-            raise _err(file, key, f"may read only arch, reads {sorted(_expr.names_in(text))}", arch_doc, name)
-        from_arch.append((name, text))
+    from_arch = [(name, text) for name, text, _ in _param_expressions(
+        doc, file, params, "from_arch", "param -> expression over arch", lambda name: "arch")]
     checks_doc = doc.get("model_checks", LineList())
     if not isinstance(checks_doc, list):
         raise _err(file, "model_checks", "expected a list of {expr, why}", doc, "model_checks")

@@ -111,20 +111,31 @@ def _touch(path: Path) -> None:
         pass
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+def _publish(tmp, path: Path, write: Callable[[], Any]) -> Any:
+    """``write()`` (which fills ``tmp``), then ``os.replace(tmp, path)``; on any failure ``tmp`` is removed and
+    the error re-raised, so ``path`` is either the old file or the complete new one."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        result = write()
         os.replace(tmp, path)
+        return result
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
+
+    def write() -> None:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+
+    _publish(tmp, path, write)
 
 
 def _dir_error(var: str, directory: Path, expected: str, problem: str) -> CacheDirError:
@@ -459,8 +470,9 @@ class DiskCache:
         except OSError as e:
             raise ArchiveError(f"archive {str(path)!r}: expected a writable directory, got {str(parent)!r} "
                                f"({e.strerror})") from None
-        n = 0
-        try:
+
+        def write() -> int:
+            n = 0
             with f, tarfile.open(str(path), mode="w:gz", fileobj=f) as tar:
                 for name, meta in self.list_entries():
                     key = meta.get("key") if meta else None
@@ -470,14 +482,9 @@ class DiskCache:
                     for suffix in (".cubin", ".json"):
                         tar.add(self.dir / f"{name}{suffix}", arcname=f"{name}{suffix}")
                     n += 1
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return n
+            return n
+
+        return _publish(tmp, path, write)
 
     def read_archive(self, path: Path) -> tuple[dict[str, tuple[bytes, bytes]], int]:
         """The valid entries of an exported archive, ``{name: (cubin, sidecar)}``, and how many entries
