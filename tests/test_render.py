@@ -222,7 +222,8 @@ def test_nvrtc_version_is_the_pinned_minor():
     measured with: the pin admits exactly one minor, and the library loaded is that minor (a looser pin,
     or a system NVRTC of another release shadowing the wheel, fails here)."""
     req = _pinned_nvrtc()
-    loaded = gcompile.nvrtc_version()
+    loaded = gcompile.loaded_nvrtc_version()
+    assert gcompile.nvrtc_version() == loaded  # the cache key's version (the wheel's) is the library's
     major, minor = (int(x) for x in loaded.split("."))
     assert req.specifier.contains(f"{major}.{minor}.0"), f"NVRTC {loaded} loaded, pin {req}"
     for other in (f"{major}.{minor + 1}.0", f"{major + 1}.0.0", f"{major}.{minor - 1}.0" if minor else "12.9.0"):
@@ -383,3 +384,17 @@ def test_commented_references_are_not_followed():
 
     assert referenced_templates("t.j2", '{# {% include "gone.j2" %} #}{% include "prelude.cuh.j2" %}') == \
         ["prelude.cuh.j2"]
+
+
+def test_a_compile_refuses_an_nvrtc_other_than_the_keys(monkeypatch):
+    """The cache key's NVRTC version comes from the installed wheel (a warm hit never loads the library); a
+    compile checks that the library it loaded agrees, so an entry is never filed under another version."""
+    gcompile.nvrtc_version.cache_clear()
+    monkeypatch.setattr(gcompile, "_wheel_nvrtc_version", lambda: "12.9")
+    try:
+        assert gcompile.nvrtc_version() == "12.9"
+        with pytest.raises(RuntimeError, match=r"NVRTC: the library cuda-bindings loaded reports 13\.\d+, but the "
+                                               r"installed NVRTC wheel is 12\.9"):
+            gcompile.compile_cubin('extern "C" __global__ void k() {}', "sm_90", "k")
+    finally:
+        gcompile.nvrtc_version.cache_clear()
