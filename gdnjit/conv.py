@@ -40,8 +40,7 @@ def _prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_ac
         _v.dtype_in("bias", bias, (weight.dtype,))
         _v.same_device("bias", bias, device)
         _v.shape_is("bias", bias, (D,), "[D]")
-    if activation not in (None, False, True, "silu", "swish"):
-        raise ValueError(f"activation: expected None, a bool, 'silu' or 'swish', got {activation!r}")
+    silu = silu_flag(activation)
     if pad_slot_id is not None and (isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int)):
         raise TypeError(f"pad_slot_id: expected an int or None, got {type(pad_slot_id).__name__}")
     varlen = query_start_loc is not None
@@ -90,7 +89,7 @@ def _prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_ac
     contig = D % 8 == 0 and all(_v.vector_ok(t, 1) for t in (x, out, conv_state))
     params = dict(x_dtype=_v.FLOAT_NAMES[x.dtype], state_dtype=_v.FLOAT_NAMES[conv_state.dtype],
                   w_dtype=_v.FLOAT_NAMES[weight.dtype], W=W, T=T, idx_dtype=idx_dtype, acc_dtype=acc_dtype,
-                  qsl_dtype=qsl_dtype, bias=bias is not None, silu=activation not in (None, False), contig=contig)
+                  qsl_dtype=qsl_dtype, bias=bias is not None, silu=silu, contig=contig)
     ptr = lambda t: 0 if t is None else t.data_ptr()  # noqa: E731
     args = dict(x=x.data_ptr(), w=weight.data_ptr(), bias_ptr=ptr(bias), state=conv_state.data_ptr(),
                 idx=ptr(conv_state_indices), num_acc=ptr(num_accepted_tokens), qsl=ptr(query_start_loc),
@@ -150,6 +149,13 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     if call is not None:
         RUNNER.launch(call)
     return out
+
+
+def silu_flag(activation) -> bool:
+    """vLLM's ``activation``: None / False (none), True / 'silu' / 'swish' (silu); ValueError otherwise."""
+    if activation not in (None, False, True, "silu", "swish"):
+        raise ValueError(f"activation: expected None, a bool, 'silu' or 'swish', got {activation!r}")
+    return activation not in (None, False)
 
 
 def unsupported(block_idx_last_scheduled_token, initial_state_idx, retrieve_parent_token) -> None:

@@ -376,10 +376,8 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     _conv.unsupported(block_idx_last_scheduled_token, initial_state_idx, retrieve_parent_token)
     if out is x:
         raise ValueError("out: the torch op cannot write into x in place; pass out=None or another tensor")
-    if activation not in (None, False, True, "silu", "swish"):
-        raise ValueError(f"activation: expected None, a bool, 'silu' or 'swish', got {activation!r}")
     out = torch.empty_like(x) if out is None else out
-    torch.ops.gdnjit.causal_conv1d_update(x, conv_state, weight, bias, activation not in (None, False),
+    torch.ops.gdnjit.causal_conv1d_update(x, conv_state, weight, bias, _conv.silu_flag(activation),
                                           conv_state_indices, num_accepted_tokens, query_start_loc, max_query_len,
                                           pad_slot_id, out)
     return out
