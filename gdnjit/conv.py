@@ -105,8 +105,8 @@ def _prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_ac
 
 def _host_checks(idx, acc, qsl, slots: int, T: int, state_len: int, W: int) -> None:
     """GDNJIT_CHECK_INDICES: the kernel's traps as IndexErrors on the host (synchronises)."""
-    if idx is not None and idx.numel() and int(idx.max()) >= slots:
-        raise IndexError(f"conv_state_indices: index {int(idx.max())} is out of range for a pool of {slots} slots")
+    if idx is not None:
+        _v.host_index_in_range("conv_state_indices", idx, slots)
     live = idx >= 0 if idx is not None else None
     if acc is not None:
         bad = ((acc < 1) | (acc > state_len - W + 2)) & (live if live is not None else True)

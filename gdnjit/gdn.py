@@ -37,19 +37,9 @@ _SOFTPLUS_THRESHOLD = 20.0
 
 
 def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, like: Optional[torch.Tensor] = None):
-    _v.tensor(name, idx, 1)
-    _v.dtype_in(name, idx, _v.INDEX_NAMES)
+    _v.index_tensor(name, idx, B, device)
     if like is not None and idx.dtype != like.dtype:
         raise TypeError(f"{name}: expected the same dtype as initial_state_indices ({like.dtype}), got {idx.dtype}")
-    _v.same_device(name, idx, device)
-    _v.shape_is(name, idx, (B,), "[B]")
-    if B > 1 and idx.stride(0) != 1:
-        raise ValueError(f"{name}: expected a contiguous tensor, got stride {idx.stride()}")
-
-
-def _host_index_check(name: str, idx: torch.Tensor, pool_size: int) -> None:
-    if idx.numel() and int(idx.max()) >= pool_size:
-        raise IndexError(f"{name}: index {int(idx.max())} is out of range for a pool of {pool_size} slots")
 
 
 _fast: dict = RUNNER.memo()  # call signature -> (BoundLaunch, output shape, device); see _run
@@ -335,7 +325,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         for name, x in (("initial_state_indices", read_idx), ("output_state_indices", write_idx),
                         ("ssm_state_indices", ssm)):
             if x is not None:
-                _host_index_check(name, x, pool_size)
+                _v.host_index_in_range(name, x, pool_size)
 
     params = dict(layout=layout, K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[q.dtype],
                   out_dtype=_v.FLOAT_NAMES[output.dtype], state_dtype=_v.FLOAT_NAMES[pool.dtype],

@@ -106,6 +106,12 @@ def index_tensor(name: str, x: Any, n: int, device: torch.device, what: str = "[
     return INDEX_NAMES[x.dtype]
 
 
+def host_index_in_range(name: str, idx: torch.Tensor, pool_size: int) -> None:
+    """GDNJIT_CHECK_INDICES: IndexError if an index of ``idx`` is ``>= pool_size`` (reads the device: synchronises)."""
+    if idx.numel() and int(idx.max()) >= pool_size:
+        raise IndexError(f"{name}: index {int(idx.max())} is out of range for a pool of {pool_size} slots")
+
+
 def vector_ok(x: torch.Tensor, dim: int, nbytes: int = 16) -> bool:
     """Whether ``x`` has contiguous elements along ``dim`` and ``nbytes``-aligned base and other strides."""
     es = x.element_size()
