@@ -37,6 +37,7 @@ _SOFTPLUS_THRESHOLD = 20.0
 
 
 def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, like: Optional[torch.Tensor] = None):
+    _v.tensor(name, idx, 1)  # required here (index_tensor takes None as "absent")
     _v.index_tensor(name, idx, B, device)
     if like is not None and idx.dtype != like.dtype:
         raise TypeError(f"{name}: expected the same dtype as initial_state_indices ({like.dtype}), got {idx.dtype}")
