@@ -6,8 +6,8 @@ run on any CUDA 12 driver). Without this check the failure shows up as an obscur
 ``cuModuleLoadData`` error (e.g. ``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``) after a compile; with it,
 the first module load raises :class:`~gdnjit.errors.CudaError` naming both versions and the fix.
 
-The driver is queried once per process (``cuDriverGetVersion``; ``cuda.bindings`` is imported
-lazily). :func:`compatible` and :func:`message` are pure functions.
+The driver is queried once per process (``cuDriverGetVersion`` through :mod:`gdnjit.libcuda`).
+:func:`compatible` and :func:`message` are pure functions.
 """
 
 from __future__ import annotations
@@ -67,13 +67,10 @@ def message(driver_version: int, nvrtc_version: str) -> str:
 
 
 def _query_driver_version() -> int:
-    """``cuDriverGetVersion`` through cuda.bindings (raises when no driver can be loaded)."""
-    from cuda.bindings import driver
+    """``cuDriverGetVersion`` (:mod:`gdnjit.libcuda`; raises when no driver can be loaded)."""
+    from . import libcuda
 
-    err, version = driver.cuDriverGetVersion()
-    if err != driver.CUresult.CUDA_SUCCESS:
-        raise CudaError(f"cuDriverGetVersion failed: {err}")
-    return int(version)
+    return libcuda.driver_version()
 
 
 @functools.lru_cache(maxsize=1)

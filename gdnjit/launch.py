@@ -2,8 +2,8 @@
 
 A :class:`Launcher` is built once per (variant, device) and holds the CUfunction, block size,
 shared memory bytes and a preallocated argument buffer (the kernel takes one by-value struct,
-packed with ``struct.pack_into`` straight into that buffer). Modules are loaded through
-``cuda.bindings``; launches go through ``ctypes`` straight to the driver's ``cuLaunchKernelEx``
+packed with ``struct.pack_into`` straight into that buffer). Modules are loaded and launches made
+through ``ctypes`` straight to the driver (:mod:`gdnjit.libcuda`); a launch calls ``cuLaunchKernelEx``
 with a prebuilt ``CUlaunchConfig``: a ctypes call with four integer arguments costs ~0.2 us of
 Python overhead against ~0.8 us for eleven (dev CPU). On the H200 host the driver call itself
 dominates (bare launches 4.9 us either way; docs/perf.md v7). The hot path is: pack, read the raw
@@ -17,11 +17,10 @@ packed once with a call signature's fixed values, so a memoised call packs only 
 from __future__ import annotations
 
 import ctypes
-import functools
 import struct
 from typing import Sequence
 
-from .errors import CudaError
+from . import libcuda
 
 _FORMATS = {"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}
 
@@ -39,25 +38,6 @@ def leading_pointers(args: Sequence[tuple[str, str]]) -> int:
             break
         n += 1
     return n
-
-
-def _driver():
-    from cuda.bindings import driver
-
-    return driver
-
-
-def check(result, what: str):
-    """Raise CudaError unless a cuda.bindings driver call returned CUDA_SUCCESS; returns the values."""
-    driver = _driver()
-    err = result[0]
-    if not isinstance(err, driver.CUresult):
-        err = driver.CUresult(err)  # a raw code from a ctypes call
-    if err != driver.CUresult.CUDA_SUCCESS:
-        _, name = driver.cuGetErrorName(err)
-        _, text = driver.cuGetErrorString(err)
-        raise CudaError(f"{what} failed: {name.decode() if name else err} ({text.decode() if text else ''})")
-    return result[1] if len(result) == 2 else result[1:]
 
 
 class LaunchAttribute(ctypes.Structure):
@@ -86,36 +66,30 @@ def launch_config(grid: int, block: int, smem: int, pdl: bool) -> tuple[LaunchCo
     cfg.sharedMemBytes = smem
     attrs = (LaunchAttribute * 1)()
     if pdl:
-        attrs[0].id = int(_driver().CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION)
+        attrs[0].id = libcuda.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
         attrs[0].value[0] = 1  # programmaticStreamSerializationAllowed (an int at offset 0 of the union)
         cfg.attrs, cfg.numAttrs = attrs, 1
     return cfg, attrs
 
 
-@functools.lru_cache(maxsize=1)
 def _launch_kernel_ex():
-    """``cuLaunchKernelEx`` from the driver library cuda.bindings uses (loaded once)."""
-    lib = ctypes.CDLL("libcuda.so.1")
-    fn = lib.cuLaunchKernelEx
-    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
-    fn.restype = ctypes.c_int
-    return fn
+    """``cuLaunchKernelEx`` (config address, function, params address, extra) -> CUresult."""
+    return libcuda.function("cuLaunchKernelEx")
 
 
-def load_function(cubin: bytes, name: str, device_index: int):
-    """Load ``cubin`` into the primary context of ``device_index``; returns (module, CUfunction).
+def load_function(cubin: bytes, name: str, device_index: int) -> tuple[int, int]:
+    """Load ``cubin`` into the primary context of ``device_index``; returns (CUmodule, CUfunction) handles.
 
     An image the driver rejects (corrupt, or built for another arch / a newer CUDA) raises CudaError
     naming the variant; the caller decides whether to rebuild.
     """
     import torch
 
-    driver = _driver()
     with torch.cuda.device(device_index):
         torch.cuda.init()
         torch.empty(0, device=f"cuda:{device_index}")  # make sure the primary context is current
-        module = check(driver.cuModuleLoadData(cubin), f"cuModuleLoadData({name})")
-        function = check(driver.cuModuleGetFunction(module, name.encode()), f"cuModuleGetFunction({name})")
+        module = libcuda.load_module(cubin, name)
+        function = libcuda.get_function(module, name)
     return module, function
 
 
@@ -158,7 +132,6 @@ class Launcher:
                  args: Sequence[tuple[str, str]]):
         import torch
 
-        driver = _driver()
         self.name, self.module, self.function = name, module, function
         self.device_index, self.block, self.smem = device_index, int(block), int(smem)
         self.fmt = arg_format(args)
@@ -176,12 +149,10 @@ class Launcher:
         self._cfg, self._cfg_pdl, self._keep = cfg, cfg_pdl, (attrs, attrs_pdl)
         self._cfg_addr = {False: ctypes.addressof(cfg), True: ctypes.addressof(cfg_pdl)}
         if self.smem > 48 * 1024:
-            check(driver.cuFuncSetAttribute(
-                function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.smem),
-                f"cuFuncSetAttribute({name})")
+            libcuda.set_max_dynamic_shared_memory(self._fn, self.smem, name)
 
     def _fail(self, err: int, grid: int, pdl: bool) -> None:
-        check((err,), f"cuLaunchKernelEx({self.name}, grid={grid}, block={self.block}{', PDL' if pdl else ''})")
+        libcuda.check(err, f"cuLaunchKernelEx({self.name}, grid={grid}, block={self.block}{', PDL' if pdl else ''})")
 
     def _launch(self, cfg: LaunchConfig, grid: int, values: Sequence, pdl: bool) -> None:
         self._pack(self.buf, 0, *values)

@@ -3,8 +3,6 @@ driver query monkeypatched (no GPU or driver needed)."""
 
 from __future__ import annotations
 
-import sys
-import types
 
 import pytest
 
@@ -100,40 +98,36 @@ def test_unreadable_driver_skips_the_check(monkeypatch):
     driver.check_driver("13.0")  # nothing to compare with: the module load reports the real problem
 
 
-def test_query_goes_through_cuda_bindings(monkeypatch):
-    """``_query_driver_version`` imports cuda.bindings.driver lazily and reads cuDriverGetVersion."""
-    success, failure = object(), object()
-    fake = types.SimpleNamespace(
-        CUresult=types.SimpleNamespace(CUDA_SUCCESS=success),
-        cuDriverGetVersion=lambda: (success, 12060),
-    )
-    import cuda.bindings
+def test_query_reads_libcuda(monkeypatch):
+    """``_query_driver_version`` reads cuDriverGetVersion through gdnjit.libcuda; a failed query is None."""
+    from gdnjit import libcuda
 
-    monkeypatch.setattr(cuda.bindings, "driver", fake, raising=False)
-    monkeypatch.setitem(sys.modules, "cuda.bindings.driver", fake)
+    monkeypatch.setattr(libcuda, "driver_version", lambda: 12060)
     assert driver._query_driver_version() == 12060
     assert driver.driver_version() == 12060
     with pytest.raises(CudaError):
         driver.check_driver("13.0")
 
     driver.reset()
-    fake.cuDriverGetVersion = lambda: (failure, 0)
+
+    def failed():
+        raise CudaError("cuDriverGetVersion failed: CUDA_ERROR_NOT_INITIALIZED")
+
+    monkeypatch.setattr(libcuda, "driver_version", failed)
     with pytest.raises(CudaError, match="cuDriverGetVersion failed"):
         driver._query_driver_version()
     assert driver.driver_version() is None
 
 
-def _libcuda_version() -> int | None:
-    """cuDriverGetVersion through ctypes: an oracle independent of cuda.bindings (None: no libcuda)."""
-    import ctypes
+def _bindings_version() -> int | None:
+    """cuDriverGetVersion through cuda.bindings: an oracle independent of gdnjit's ctypes (None: no driver)."""
+    from cuda.bindings import driver as cu
 
     try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
+        err, version = cu.cuDriverGetVersion()
+    except Exception:  # noqa: BLE001 - no libcuda to load
         return None
-    v = ctypes.c_int(0)
-    assert lib.cuDriverGetVersion(ctypes.byref(v)) == 0
-    return v.value
+    return int(version) if err == cu.CUresult.CUDA_SUCCESS else None
 
 
 def test_this_machine():
@@ -143,7 +137,7 @@ def test_this_machine():
 
     from gdnjit.compile import nvrtc_version
 
-    expected = _libcuda_version()
+    expected = _bindings_version()
     assert driver.driver_version() == expected
     if torch.cuda.is_available():
         assert expected is not None
