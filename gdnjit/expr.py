@@ -117,12 +117,33 @@ class UndefinedName(Exception):
     """A common-subset expression read a name its values lack (Jinja: ``UndefinedError``)."""
 
 
+# text -> (free names, conjuncts, in the common subset): analyses recorded with the shipped specs (spec_record),
+# so a serving process evaluates their expressions without parsing each one first (~80 in gdn.yaml)
+_SEEDS: dict[str, tuple[frozenset, tuple, bool]] = {}
+
+
+def analyse(text: str) -> tuple[tuple[str, ...], tuple[str, ...], bool]:
+    """(sorted free names, :func:`conjuncts`, whether Python compiles it (:func:`_fast`)) of a valid
+    expression: what :func:`seed` takes back. ExprError if :func:`compile_expr` would refuse it."""
+    return tuple(sorted(check_expr(text))), conjuncts(text), _fast(text) is not None
+
+
+def seed(analyses: Mapping[str, Any]) -> None:
+    """Take expression analyses made by :func:`analyse` with this same code (the spec records are keyed by
+    its digest), so :func:`check_expr`, :func:`conjuncts` and :func:`compile_expr` need not parse these texts."""
+    for text, (names, parts, fast) in analyses.items():
+        _SEEDS[text] = (frozenset(names), tuple(parts), bool(fast))
+
+
 @functools.lru_cache(maxsize=4096)
 def compile_expr(text: str) -> Callable[..., Any]:
     """Compile ``text`` once; returns a callable taking keyword values. Raises ExprError.
 
     Loading a spec only checks its expressions (:func:`check_expr`); each is compiled here when first
     evaluated. The common subset (:func:`_fast`) compiles with Python, the rest with Jinja's sandbox."""
+    seeded = _SEEDS.get(text) if isinstance(text, str) else None
+    if seeded is not None and seeded[2]:
+        return _FastExpr(compile(text.strip(), "<gdnjit expression>", "eval"), seeded[0])
     if not isinstance(text, str) or not text.strip():
         raise ExprError(f"expected a non-empty expression string, got {text!r}")
     fast = _fast(text)
@@ -143,6 +164,9 @@ def check_expr(text: str) -> frozenset[str]:
 
     Cheaply: the text is parsed as ``compile_expression`` parses it, and also compiled only where the parse
     cannot decide (:func:`_plain_names`: filters, tests, keyword arguments, foldable constants, deep nesting)."""
+    seeded = _SEEDS.get(text) if isinstance(text, str) else None
+    if seeded is not None:
+        return seeded[0]
     if not isinstance(text, str) or not text.strip():
         raise ExprError(f"expected a non-empty expression string, got {text!r}")
     fast = _fast(text)
@@ -186,6 +210,9 @@ def conjuncts(text: str) -> tuple[str, ...]:
     """``text`` split at its top-level ``and`` keywords, or ``(text,)`` when a top-level ``or`` /
     ``if`` / ``else`` (lower precedence) could change the grouping or a piece does not compile alone
     (checked with :func:`check_expr`, which refuses exactly what compile_expr refuses)."""
+    seeded = _SEEDS.get(text)
+    if seeded is not None:
+        return seeded[1]
     cuts, depth, quote, i = [], 0, None, 0
     while i < len(text):
         c = text[i]

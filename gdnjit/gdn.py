@@ -127,10 +127,9 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         if sig is not None and not config.check_indices:
             if len(_fast) >= _FAST_MAX:
                 _fast.clear()
-            entry = (bound, tuple(output.shape), dev)
-            _fast[sig] = entry
-            _remember_guard(gkey, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx,
-                            None if gkey[10] else output, inter, ssm, entry)
+            # no guard yet: the second call with this metadata adds one (a signature hit, above), so a
+            # process that calls once pays neither a guard nor torch's guard self-test (~9 ms, first call)
+            _fast[sig] = (bound, tuple(output.shape), dev)
     launch_on(dev, bound, ptrs)
     return output
 

@@ -209,6 +209,15 @@ class Spec:
         and warm reject most combinations on a constraint that reads no derived value)."""
         return _valid(self, tuple(params.items()), tuple(tunables.items()))
 
+    def expressions(self) -> tuple[str, ...]:
+        """Every expression text of the spec (derived values, constraints, rules, launch, domains, model and
+        arch mappings, model checks), each once, in spec order."""
+        texts = [e for _, e in self.derived] + [c.expr for c in self.constraints]
+        texts += [r.when for r in self.rules if r.when is not None] + [e for _, e in self.launch]
+        texts += [e for table in (self.domains, self.from_model, self.from_arch) for _, e in table]
+        texts += [c.expr for c in self.model_checks]
+        return tuple(dict.fromkeys(texts))
+
     def all_tunable_choices(self) -> list[dict[str, Any]]:
         """Every combination of tunable values (valid or not)."""
         names = self.tunable_names

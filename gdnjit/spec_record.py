@@ -3,7 +3,10 @@
 Parsing a spec checks every expression (Jinja's lexer: ~0.25 ms each, ~110 in ``gdn.yaml``) and that
 every parameter combination has a fallback rule; together ~50-100 ms of CPU, which a serving process
 paid per op. ``specs/validated.json`` records, per shipped spec file, the validated :class:`Spec` as
-JSON, keyed by a digest of the YAML bytes and of the code that validates them (``_VALIDATOR``). :func:`gdnjit.spec.get_spec` takes the record when the digest matches and parses the
+JSON, keyed by a digest of the YAML bytes and of the code that validates them (``_VALIDATOR``), with the
+analysis of each of its expressions (free names, conjuncts, compiled by Python or by Jinja:
+:func:`gdnjit.expr.analyse`), which a load hands to :func:`gdnjit.expr.seed` so that a first dispatch parses
+no expression. :func:`gdnjit.spec.get_spec` takes the record when the digest matches and parses the
 file otherwise (an edited spec, or edited validator code: correct, only slower). ``python -m
 gdnjit.spec_record`` rewrites the records; a CPU test fails while they are stale.
 """
@@ -66,9 +69,23 @@ def recorded(file_name: str, yaml_bytes: bytes):
     rec = _records().get(file_name)
     if rec is None or rec.get("digest") != digest(yaml_bytes):
         return None
+    from . import expr
     from .spec import Constraint, Rule, Spec
 
+    expr.seed(rec["expressions"])
     return _from_json(rec["spec"], {"Spec": Spec, "Rule": Rule, "Constraint": Constraint})
+
+
+def expression_analyses(spec) -> dict:
+    """:func:`gdnjit.expr.analyse` of every expression of ``spec`` and of every conjunct of one (each is
+    evaluated alone): what a record seeds so that loading it parses no expression."""
+    from . import expr
+
+    out = {}
+    for text in spec.expressions():
+        for t in (text, *expr.conjuncts(text)):
+            out[t] = expr.analyse(t)
+    return out
 
 
 def record_all() -> dict:
@@ -78,7 +95,9 @@ def record_all() -> dict:
     out = {}
     for name in list_specs():
         path = SPEC_DIR / f"{name}.yaml"
-        out[path.name] = {"digest": digest(path.read_bytes()), "spec": _to_json(load_spec_file(path))}
+        spec = load_spec_file(path)
+        out[path.name] = {"digest": digest(path.read_bytes()), "spec": _to_json(spec),
+                          "expressions": {t: _to_json(a) for t, a in expression_analyses(spec).items()}}
     RECORDS.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     _records.cache_clear()
     return out

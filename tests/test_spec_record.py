@@ -37,3 +37,48 @@ def test_the_digest_covers_the_validator_code(monkeypatch):
     before = spec_record.digest(b"x")
     monkeypatch.setattr(spec_record, "_validator_digest", lambda: b"other code")
     assert spec_record.digest(b"x") != before
+
+
+def _fresh_analysis(text):
+    """expr.analyse with every memo and seed of gdnjit.expr out of the way (a parse from scratch)."""
+    from gdnjit import expr
+
+    saved = dict(expr._SEEDS)
+    expr._SEEDS.clear()
+    for fn in (expr.check_expr, expr.conjuncts, expr._fast):
+        fn.cache_clear()
+    try:
+        return expr.analyse(text)
+    finally:
+        expr._SEEDS.update(saved)
+
+
+@pytest.mark.parametrize("name", list_specs())
+def test_recorded_expression_analyses_equal_a_fresh_parse(name):
+    """A record seeds gdnjit.expr with each expression's names, conjuncts and compiler: each must equal what
+    parsing the text gives, and the record must cover every expression of the spec and every conjunct."""
+    recorded = json.loads(spec_record.RECORDS.read_text())[f"{name}.yaml"]["expressions"]
+    spec = load_spec_file(SPEC_DIR / f"{name}.yaml")
+    assert set(spec.expressions()) <= set(recorded)
+    for text, (names, parts, fast) in recorded.items():
+        assert (tuple(names), tuple(parts), fast) == _fresh_analysis(text), text
+        assert set(parts) <= set(recorded)
+
+
+def test_a_seeded_expression_evaluates_like_a_parsed_one():
+    from gdnjit import expr
+
+    spec = get_spec("gdn")  # seeds its expressions
+    text = next(t for t in spec.expressions() if len(expr.conjuncts(t)) > 1)
+    assert text in expr._SEEDS
+    expr.compile_expr.cache_clear()
+    values = {n: 1 for n in expr.names_in(text)}
+    seeded = expr.compile_expr(text)(**values)
+    saved = dict(expr._SEEDS)
+    expr._SEEDS.clear()
+    expr.compile_expr.cache_clear()
+    try:
+        assert expr.compile_expr(text)(**values) == seeded
+    finally:
+        expr._SEEDS.update(saved)
+        expr.compile_expr.cache_clear()
