@@ -73,7 +73,7 @@ def cmd_warm(args) -> int:
     for f in args.shapes:
         problems += load_shapes(f)
     t0 = time.perf_counter()
-    variants = plan(problems, archs, args.num_sms, tuned_docs(config))
+    variants = plan(problems, archs, args.num_sms, tuned_docs(config), batch_invariant=config.batch_invariant)
     if not args.dry_run:
         cache.check(write=True, create=True)  # unwritable: one line now, not an OSError per worker
     if args.dry_run:

@@ -22,6 +22,10 @@ Environment variables:
                                 before its first memory access, so it may be scheduled while that grid finishes
                                 (-0.5 to -0.6 us per call at B = 1, no change at large batch; docs/perf.md v7).
                                 NVFP4 takes ``enable_pdl`` per call instead, as in FlashInfer.
+``GDNJIT_BATCH_INVARIANT``      ``1``: one GDN variant (one arithmetic order) for every batch size, so a
+                                request's outputs and states are bit-identical whatever else is batched with it
+                                (deterministic serving); the dispatcher then sees B = the spec's
+                                ``invariant_batch``. Costs speed at other batch sizes (docs/perf.md).
 ``GDNJIT_LOG_LEVEL``            logging level name for the ``gdnjit`` logger (default WARNING)
 ``GDNJIT_CACHE_MAX_BYTES``      size limit of the writable cache dir's entries: bytes, or a number with a
                                 binary suffix (``K``, ``M``, ``G``, ``T``; ``KiB``/``KB`` alike: ``500M``,
@@ -97,6 +101,7 @@ class Config:
     save_source: bool = False
     check_indices: bool = False
     pdl: bool = True
+    batch_invariant: bool = False
     log_level: str = "WARNING"
     cache_max_bytes: int = 0  # 0: unlimited
 
@@ -144,6 +149,7 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         save_source=_flag(env, "GDNJIT_SAVE_SOURCE"),
         check_indices=_flag(env, "GDNJIT_CHECK_INDICES"),
         pdl=_flag(env, "GDNJIT_PDL") if env.get("GDNJIT_PDL", "").strip() else True,
+        batch_invariant=_flag(env, "GDNJIT_BATCH_INVARIANT"),
         log_level=level,
         cache_max_bytes=max_bytes,
     )

@@ -22,12 +22,17 @@ def select(
     params: Mapping[str, Any],
     facts: Mapping[str, Any],
     tuned: Mapping[str, Any] | None = None,
+    batch_invariant: bool = False,
 ) -> tuple[dict[str, Any], Rule | None]:
-    """(tunables, the rule that chose them or None when they came from ``tuned``)."""
+    """(tunables, the rule that chose them or None when they came from ``tuned``).
+
+    The rules read the params as :meth:`Spec.dispatch_view` gives them and the facts as
+    :meth:`Spec.dispatch_facts` does (``batch_invariant``: one batch value for all); the chosen tunables
+    must be valid for the call's own params."""
     if tuned is not None and spec.valid(params, tuned):
         return dict(tuned), None
-    context = dict(params)
-    context.update(facts)
+    context = spec.dispatch_view(params)
+    context.update(spec.dispatch_facts(facts, batch_invariant))
     for rule in spec.rules:
         if rule.when is not None and not _expr.evaluate(rule.when, context):
             continue
@@ -39,7 +44,7 @@ def select(
 
 def explain(spec: Spec, params: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:
     """One line per rule saying whether it matched and why not: for ``gdnjit spec show``."""
-    context = dict(params)
+    context = spec.dispatch_view(params)
     context.update(facts)
     lines, chosen = [], False
     for i, rule in enumerate(spec.rules):

@@ -67,7 +67,7 @@ def uses_pdl(device_index: int) -> bool:
 
 
 def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-         update: bool, l2norm: bool, direct: bool) -> torch.Tensor:
+         update: bool, l2norm: bool, direct: bool, zero_padding: bool = True) -> torch.Tensor:
     """Validate, then launch one kernel. ``pool`` is the direct state when ``direct``.
 
     Hot path: every check depends only on tensor metadata (shape, strides, dtype, device, pointer
@@ -88,7 +88,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
         gkey = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
                 (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15, read_idx is None, write_idx is None, output is None,
-                inter is None, ssm is None)
+                inter is None, ssm is None, zero_padding)
         hit = None
         guards = _guarded.get(gkey)
         if guards is not None:
@@ -102,7 +102,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
     if hit is None and gkey is not None:
         try:
             hit, sig = _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale,
-                                      output, inter, ssm, update, l2norm, direct, gkey[7])
+                                      output, inter, ssm, update, l2norm, direct, gkey[7], zero_padding)
         except (AttributeError, TypeError, RuntimeError):
             hit = sig = None
         # a signature hit adds a guard only while the key has room, so calls cycling through more
@@ -118,7 +118,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
             ptrs = ptrs[:_OUT] + (output.data_ptr(),) + ptrs[_OUT + 1:]
     else:
         output, call = _prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output,
-                                inter, ssm, update, l2norm, direct)
+                                inter, ssm, update, l2norm, direct, zero_padding=zero_padding)
         if call is None:
             return output
         dev = call.device
@@ -166,9 +166,9 @@ def _remember_guard(gkey, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
 
 
 def _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-                   update, l2norm, direct, align):
+                   update, l2norm, direct, align, zero_padding):
     """(memoised launch or None, signature): the metadata signature read in Python and its _fast entry."""
-    sig = (layout, direct, update, l2norm, type(l2norm), scale, type(scale), align,
+    sig = (layout, direct, update, l2norm, type(l2norm), scale, type(scale), align, zero_padding,
            q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
            v.shape, v.stride(), v.dtype, v.get_device(), a.shape, a.stride(), a.dtype, a.get_device(),
            b.shape, b.stride(), b.dtype, b.get_device(), pool.shape, pool.stride(), pool.dtype, pool.get_device(),
@@ -181,11 +181,12 @@ def _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_
 
 
 def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-             update: bool, l2norm: bool, direct: bool, require_cuda: bool = True):
+             update: bool, l2norm: bool, direct: bool, require_cuda: bool = True, zero_padding: bool = True):
     """All argument checks; returns (output, the named :class:`~gdnjit.runner.KernelCall`, or None if B == 0).
 
     ``require_cuda=False`` lets CPU tests exercise every other check with CPU tensors (the call is then
-    built for device 0 without PDL).
+    built for device 0 without PDL). ``zero_padding``: padding rows (negative read index) get zero outputs;
+    False leaves those rows of ``output`` as they were (FlashInfer's multi-token convention for a caller's buffer).
     """
     # --- inputs ---------------------------------------------------------------------------
     (_v.cuda_tensor if require_cuda else _v.tensor)("q", q, 4)
@@ -344,10 +345,45 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,
         B=B, H=H, HV=HV, scale=scale, softplus_beta=_SOFTPLUS_BETA, softplus_threshold=_SOFTPLUS_THRESHOLD,
+        zero_padding=int(bool(zero_padding)),
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)
     return output, call
+
+
+_BACKENDS_PRETRANSPOSE = ("auto", "flashinfer", "cake_gdn", "rubin")
+_BACKENDS_DECODE = ("auto", "flashinfer", "cake_gdn")
+
+
+def check_backend(backend, allowed: Tuple[str, ...]) -> None:
+    """FlashInfer's ``backend`` argument: ``"auto"`` and ``"flashinfer"`` run gdnjit's kernels (FlashInfer's
+    "auto" falls back to its generic kernels wherever Cake / Rubin do not apply); FlashInfer's other
+    backends are not provided (NotImplementedError naming it); anything else is a ValueError."""
+    if not isinstance(backend, str) or backend not in allowed:
+        raise ValueError(f"backend: expected one of {list(allowed)}, got {backend!r}")
+    if backend not in ("auto", "flashinfer"):
+        raise NotImplementedError(f"backend={backend!r}: FlashInfer's {backend} kernels are not provided by gdnjit; "
+                                  "pass 'auto' or 'flashinfer' (gdnjit's kernels)")
+
+
+_warned_none_default = False
+
+
+def disable_flag(value, frozen_if_none: bool) -> bool:
+    """FlashInfer's ``disable_state_update`` convention: any bool or int by its truth value; None means
+    ``frozen_if_none`` (gated_delta_rule_mtp: True, with a one-time FutureWarning, as FlashInfer 0.7.2 does
+    before its default becomes False)."""
+    global _warned_none_default
+    if value is None:
+        if frozen_if_none and not _warned_none_default:
+            import warnings
+
+            warnings.warn("disable_state_update=None is treated as True (the state is not updated), as in "
+                          "FlashInfer 0.7.2; pass True or False explicitly", FutureWarning, stacklevel=3)
+            _warned_none_default = True
+        return frozen_if_none
+    return _v.truthy("disable_state_update", value)
 
 
 def gated_delta_rule_decode_pretranspose(
@@ -365,12 +401,15 @@ def gated_delta_rule_decode_pretranspose(
     initial_state: Optional[torch.Tensor] = None,
     initial_state_indices: Optional[torch.Tensor] = None,
     output_state_indices: Optional[torch.Tensor] = None,
+    intermediate_states_buffer: Optional[torch.Tensor] = None,
+    disable_state_update: Optional[bool] = False,
+    backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """GDN decode with the state in K-last ("pretransposed") layout, updated in place.
 
     Args:
-        q, k: ``[B, T, H, K]`` bf16/fp16 (K in 64/128/256; T = 1 for decode, T > 1 routes to
-            :func:`gated_delta_rule_mtp` semantics). Last dim contiguous, 16-byte aligned rows.
+        q, k: ``[B, T, H, K]`` bf16/fp16 (K in 64/128/256; T = 1 for decode; T > 1, pool mode only, has
+            :func:`gated_delta_rule_mtp`'s semantics). Last dim contiguous, 16-byte aligned rows.
         v: ``[B, T, HV, V]``, q's dtype; HV a multiple of H (GVA), V in 64/128/256.
         state: direct state ``[B, HV, V, K]`` fp32/bf16 (pass None in pool mode).
         A_log: ``[HV]`` fp32. a, b: ``[B, T, HV]`` in q's dtype. dt_bias: ``[HV]`` fp32/bf16/fp16.
@@ -380,8 +419,15 @@ def gated_delta_rule_decode_pretranspose(
         initial_state: pool mode: ``[pool_size, HV, V, K]``; slots may be page-strided (slot
             stride any multiple of 16 bytes >= one slot), each slot's block contiguous.
         initial_state_indices: ``[B]`` int32/int64, the slot each row reads (and writes unless
-            ``output_state_indices``). Negative: padding row (output zeros, nothing read or written).
+            ``output_state_indices``). Negative: padding row (nothing read or written; its output rows are
+            zeros at T = 1 or when ``output`` is allocated here, else left as they were).
         output_state_indices: ``[B]``, same dtype: write slots (split pool); negative: skip the writeback.
+        intermediate_states_buffer, disable_state_update: T > 1 only, as in :func:`gated_delta_rule_mtp`
+            (at T = 1 a buffer or a true ``disable_state_update`` is a ValueError, as in FlashInfer).
+            ``disable_state_update`` is a bool or an int (its truth value); None: False, except for an fp32
+            pool at T > 1, where it is True (FlashInfer forwards None to its mtp kernel there).
+        backend: ``"auto"`` or ``"flashinfer"`` (gdnjit's kernels); FlashInfer's ``"cake_gdn"`` /
+            ``"rubin"``: NotImplementedError; anything else: ValueError.
 
     Returns:
         ``(output, state)`` — ``state`` is the direct state or the pool, updated in place.
@@ -390,9 +436,17 @@ def gated_delta_rule_decode_pretranspose(
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides or devices.
         Out-of-range indices stop the kernel (``GDNJIT_CHECK_INDICES=1`` checks on the host instead).
     """
+    check_backend(backend, _BACKENDS_PRETRANSPOSE)
     pool, read, write, direct = pool_args(state, initial_state, initial_state_indices, output_state_indices)
-    out = _run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, None, None, True,
-               use_qk_l2norm, direct=direct)
+    T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+    fp32_pool = not direct and isinstance(pool, torch.Tensor) and pool.dtype == torch.float32
+    frozen = disable_flag(disable_state_update, frozen_if_none=fp32_pool and T > 1)
+    if T == 1 and intermediate_states_buffer is not None:
+        raise ValueError("intermediate_states_buffer: supported only for T > 1 (use gated_delta_rule_mtp)")
+    if T == 1 and frozen:
+        raise ValueError("disable_state_update: supported only for T > 1 (use gated_delta_rule_mtp)")
+    out = _run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
+               None, not frozen, use_qk_l2norm, direct=direct, zero_padding=output is None or T == 1)
     return out, pool
 
 
@@ -424,17 +478,32 @@ def gated_delta_rule_decode(
     scale: Optional[float] = None,
     output: Optional[torch.Tensor] = None,
     use_qk_l2norm: bool = True,
+    backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """GDN decode with the state in K-major layout ``[B, HV, K, V]`` (fp32/bf16), updated in place.
 
     Same arguments and semantics as :func:`gated_delta_rule_decode_pretranspose` without the pool
-    arguments; T may be 1..16. Returns ``(output, state)``.
+    arguments; T may be 1..16. ``backend``: ``"auto"`` / ``"flashinfer"``; ``"cake_gdn"``:
+    NotImplementedError. Returns ``(output, state)``.
     """
+    check_backend(backend, _BACKENDS_DECODE)
     if state is None:
         raise ValueError("state: expected the direct state [B, HV, K, V], got None")
     out = _run("kmajor", q, k, v, A_log, a, dt_bias, b, state, None, None, scale, output, None, None, True,
                use_qk_l2norm, direct=True)
     return out, state
+
+
+def unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta) -> None:
+    """NotImplementedError for FlashInfer 0.7.2's ReplaySSM caching arguments of gated_delta_rule_mtp."""
+    if cache_replayssm is not None and not isinstance(cache_replayssm, (bool, int)):
+        raise TypeError(f"cache_replayssm: expected a bool, got {type(cache_replayssm).__name__}")
+    given = [n for n, x in (("replayssm_rawv", replayssm_rawv), ("replayssm_rawk", replayssm_rawk),
+                            ("replayssm_g", replayssm_g), ("replayssm_beta", replayssm_beta)) if x is not None]
+    if cache_replayssm or given:
+        raise NotImplementedError("cache_replayssm / replayssm_*: FlashInfer's ReplaySSM verify cache is not provided "
+                                  f"by gdnjit yet (got cache_replayssm={cache_replayssm!r}, {given or 'no buffers'}); "
+                                  "use intermediate_states_buffer or ssm_state_indices")
 
 
 def gated_delta_rule_mtp(
@@ -451,30 +520,42 @@ def gated_delta_rule_mtp(
     output: Optional[torch.Tensor] = None,
     intermediate_states_buffer: Optional[torch.Tensor] = None,
     ssm_state_indices: Optional[torch.Tensor] = None,
-    disable_state_update: bool = False,
+    disable_state_update: Optional[bool] = None,
     use_qk_l2norm: bool = True,
     output_state_indices: Optional[torch.Tensor] = None,
+    cache_replayssm: bool = False,
+    replayssm_rawv: Optional[torch.Tensor] = None,
+    replayssm_rawk: Optional[torch.Tensor] = None,
+    replayssm_g: Optional[torch.Tensor] = None,
+    replayssm_beta: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Multi-token GDN step (T = 1..16, speculative verify) over a K-last state pool.
 
     Args (beyond :func:`gated_delta_rule_decode_pretranspose`'s):
         initial_state: ``[pool_size, HV, V, K]`` fp32/bf16 pool (page-strided allowed).
-        initial_state_indices: ``[B]`` int32/int64 read slots; negative = padding row.
+        initial_state_indices: ``[B]`` int32/int64 read slots; negative = padding row: nothing read or
+            written, and its output rows are left as they were in a given ``output`` (zeros in an
+            allocated one), as in FlashInfer.
         intermediate_states_buffer: optional ``[B_buf >= B, cache_steps >= T, HV, V, K]`` fp32/bf16,
             contiguous; row n, step t receives the state after token t (indexed by batch row).
         ssm_state_indices: optional ``[B, T]`` int32/int64: the state after token t goes to pool slot
             ``ssm_state_indices[n, t]`` (negative: skipped) and the final writeback is skipped.
             Not with ``intermediate_states_buffer``, ``disable_state_update`` or ``output_state_indices``.
-        disable_state_update: True leaves the pool untouched (verify mode; roll back from the buffer).
+        disable_state_update: a bool or an int (its truth value): true leaves the pool untouched (verify mode;
+            roll back from the buffer). None (the default, as in FlashInfer 0.7.2): True, with a one-time
+            FutureWarning.
         output_state_indices: ``[B]`` write slots (split pool); negative skips the writeback.
+        cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta: FlashInfer 0.7.2's
+            ReplaySSM cache; not provided yet (NotImplementedError when set).
 
     Returns:
         ``(output [B, T, HV, V], initial_state)``.
     """
-    disable_state_update = _v.boolean("disable_state_update", disable_state_update)
+    unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
+    frozen = disable_flag(disable_state_update, frozen_if_none=True)
     out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
-               scale, output, intermediate_states_buffer, ssm_state_indices, not disable_state_update, use_qk_l2norm,
-               direct=False)
+               scale, output, intermediate_states_buffer, ssm_state_indices, not frozen, use_qk_l2norm,
+               direct=False, zero_padding=output is None)
     return out, initial_state
 
 

@@ -118,11 +118,12 @@ def build_entry(variant: Variant, config: Config):
 
 
 def choose_variant(spec: Spec, params: dict[str, Any], facts: dict[str, Any], arch: str,
-                   tuned: Any = None) -> Variant:
+                   tuned: Any = None, batch_invariant: bool = False) -> Variant:
     """The variant the dispatcher picks for these params and runtime facts on ``arch``
-    (a tuned table's entry when ``tuned`` has one, else the spec's rules)."""
-    choice = tuned.lookup(spec.name, params, facts) if tuned is not None else None
-    tunables, _ = _dispatch.select(spec, params, facts, tuned=choice)
+    (a tuned table's entry when ``tuned`` has one, else the spec's rules); ``batch_invariant``: the
+    same one for every batch size (``GDNJIT_BATCH_INVARIANT``)."""
+    choice = tuned.lookup(spec.name, params, facts, batch_invariant) if tuned is not None else None
+    tunables, _ = _dispatch.select(spec, params, facts, tuned=choice, batch_invariant=batch_invariant)
     return Variant.make(spec, params, tunables, arch)
 
 
@@ -207,7 +208,8 @@ class Runner:
         info = device_info(call.device)
         pdict = dict(zip(spec.param_names, memo[1]))
         fdict = dict(call.facts, num_sms=info.num_sms)
-        variant = choose_variant(spec, pdict, fdict, info.arch, self.tuned_table(call.device))
+        variant = choose_variant(spec, pdict, fdict, info.arch, self.tuned_table(call.device),
+                                 batch_invariant=self.sync().batch_invariant)
         launcher = self.get_launcher(variant, call.device)
         ctx = dict(variant.values)
         ctx.update(fdict)

@@ -23,6 +23,11 @@ Schema (see ``docs/specs.md`` for the guide)::
     model_checks: [{expr: str, why: str}]    # optional: what a shapes file's model dims must satisfy
     from_arch: {param: expr}     # optional: params the target arch decides (an expression over `arch`,
                                  # e.g. 100 for sm_100a); warm / tune set them, shapes files do not
+    dispatch_params: {param: expr}  # optional: the value of a param the rules and tuned tables see (an
+                                 # expression over the params): call modes that compute alike dispatch alike,
+                                 # so they get the same tunables and bit-identical results
+    invariant_batch: int         # optional: the batch fact's value the rules and tuned tables see in
+                                 # batch-invariant mode (GDNJIT_BATCH_INVARIANT=1): one variant for every batch
     rules: [{when: expr?, use: {tunable: value}, why: str}]  # ordered; first valid match wins
     launch: {grid: expr, block: expr, smem: expr}             # over facts + variant values
     args: {name: ptr|i64|i32|f32}  # the kernel's one by-value argument struct, in order
@@ -47,6 +52,7 @@ _SCALAR = (bool, int, float, str)
 _TOP_KEYS = {
     "name", "description", "template", "kernel_name", "module", "params", "param_domains", "tunables", "derived",
     "constraints", "facts", "batch_fact", "from_model", "model_checks", "from_arch", "rules", "launch", "args",
+    "dispatch_params", "invariant_batch",
 }
 ARG_TYPES = ("ptr", "i64", "i32", "f32")
 
@@ -91,6 +97,26 @@ class Spec:
     model_checks: tuple[Constraint, ...] = ()  # over a shapes file's model dims
     from_arch: tuple[tuple[str, str], ...] = ()  # param -> expression over the target arch number
     module: str = ""  # the op module under gdnjit that builds this spec's calls ("" if none)
+    dispatch_params: tuple[tuple[str, str], ...] = ()  # param -> expression over params: what dispatch sees
+    invariant_batch: int = 0  # the batch fact's value dispatch sees in batch-invariant mode (0: none)
+
+    def dispatch_view(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """``params`` as the rules and tuned tables see them (``dispatch_params`` applied, each over the
+        call's own params): modes with the same arithmetic get the same tunables."""
+        if not self.dispatch_params:
+            return dict(params)
+        view = dict(params)
+        for n, e in self.dispatch_params:
+            if n in params and _expr.names_in(e) <= params.keys():  # a partial dict: what it holds
+                view[n] = _expr.evaluate(e, params)
+        return view
+
+    def dispatch_facts(self, facts: Mapping[str, Any], batch_invariant: bool) -> dict[str, Any]:
+        """``facts`` as the rules and tuned tables see them: in batch-invariant mode the batch fact is
+        ``invariant_batch`` (one variant, hence one arithmetic order, for every batch size)."""
+        if batch_invariant and self.invariant_batch and self.batch_fact in facts:
+            return dict(facts, **{self.batch_fact: self.invariant_batch})
+        return dict(facts)
 
     def arch_params(self, arch: str) -> dict[str, Any]:
         """The params ``from_arch`` sets for a target like ``sm_100a`` (what the op sets from the device)."""
@@ -214,7 +240,7 @@ class Spec:
         arch mappings, model checks), each once, in spec order."""
         texts = [e for _, e in self.derived] + [c.expr for c in self.constraints]
         texts += [r.when for r in self.rules if r.when is not None] + [e for _, e in self.launch]
-        texts += [e for table in (self.domains, self.from_model, self.from_arch) for _, e in table]
+        texts += [e for table in (self.domains, self.from_model, self.from_arch, self.dispatch_params) for _, e in table]
         texts += [c.expr for c in self.model_checks]
         return tuple(dict.fromkeys(texts))
 
@@ -393,6 +419,29 @@ def _param_expressions(doc: LineDict, file: str, params: tuple, section: str, wh
     return out
 
 
+def _dispatch_params(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, str], ...]:
+    """``dispatch_params``: param -> an expression over the params giving the value dispatch sees; for
+    every combination of the params it reads, the value must be one the param lists."""
+    table = _section(doc, file, "dispatch_params", "param -> expression over the params")
+    allowed = dict(params)
+    out = []
+    for name, e in table.items():
+        key = f"dispatch_params.{name}"
+        if name not in allowed:
+            raise _err(file, key, f"must name a param ({sorted(allowed)})", table, name)
+        text = _expr_str(e, file, key, table, name)
+        reads = sorted(_expr.names_in(text))
+        if set(reads) - set(allowed):
+            raise _err(file, key, f"may read only params, reads {sorted(set(reads) - set(allowed))}", table, name)
+        for combo in itertools.product(*(allowed[n] for n in reads)):
+            value = _expr.evaluate(text, dict(zip(reads, combo)))
+            if value not in allowed[name]:
+                raise _err(file, key, f"gives {value!r} for {dict(zip(reads, combo))}, not one of {list(allowed[name])}",
+                           table, name)
+        out.append((name, text))
+    return tuple(out)
+
+
 def _param_domains(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, str], ...]:
     """``param_domains``: integer params that accept any value for which an expression over the param
     alone holds; every listed value must be inside (the list is what warm and the checks enumerate)."""
@@ -465,6 +514,12 @@ def parse_spec(doc: Any, file: str) -> Spec:
                    "module")
     from_arch = [(name, text) for name, text, _ in _param_expressions(
         doc, file, params, "from_arch", "param -> expression over arch", lambda name: "arch")]
+    dispatch_params = _dispatch_params(doc, file, params)
+    invariant_batch = doc.get("invariant_batch", 0)
+    if isinstance(invariant_batch, bool) or not isinstance(invariant_batch, int) or invariant_batch < 0 or \
+            (invariant_batch and not batch_fact):
+        raise _err(file, "invariant_batch", f"expected a positive int (with a batch fact), got {invariant_batch!r}",
+                   doc, "invariant_batch")
     checks_doc = doc.get("model_checks", LineList())
     if not isinstance(checks_doc, list):
         raise _err(file, "model_checks", "expected a list of {expr, why}", doc, "model_checks")
@@ -536,6 +591,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
         constraints=tuple(constraints), facts=facts, rules=tuple(rules), launch=tuple(launch),
         args=tuple(args_doc.items()), file=file, domains=domains, batch_fact=batch_fact, from_model=from_model,
         model_checks=tuple(model_checks), from_arch=tuple(from_arch), module=module,
+        dispatch_params=dispatch_params, invariant_batch=invariant_batch,
     )
     _check_fallbacks(spec, rules_doc)
     return spec

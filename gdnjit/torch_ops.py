@@ -24,13 +24,14 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
     gated_delta_rule_decode_pretranspose(Tensor q, Tensor k, Tensor v, Tensor(a!)? state,
         Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output,
         bool use_qk_l2norm, Tensor(c!)? initial_state, Tensor? initial_state_indices,
-        Tensor? output_state_indices) -> ()
+        Tensor? output_state_indices, Tensor(d!)? intermediate_states_buffer, bool disable_state_update,
+        bool zero_padding) -> ()
     gated_delta_rule_decode(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor A_log, Tensor a,
         Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output, bool use_qk_l2norm) -> ()
     gated_delta_rule_mtp(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state,
         Tensor initial_state_indices, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, float? scale,
         Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, Tensor? ssm_state_indices,
-        bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices) -> ()
+        bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices, bool zero_padding) -> ()
     nvfp4_quantize(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout,
         bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend) -> (Tensor, Tensor)
     causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu,
@@ -92,13 +93,14 @@ OP_NAMES = (
 SCHEMAS = (
     "(Tensor q, Tensor k, Tensor v, Tensor(a!)? state, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, "
     "float? scale, Tensor(b!) output, bool use_qk_l2norm, Tensor(c!)? initial_state, Tensor? initial_state_indices, "
-    "Tensor? output_state_indices) -> ()",
+    "Tensor? output_state_indices, Tensor(d!)? intermediate_states_buffer, bool disable_state_update, "
+    "bool zero_padding) -> ()",
     "(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, "
     "float? scale, Tensor(b!) output, bool use_qk_l2norm) -> ()",
     "(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state, Tensor initial_state_indices, Tensor A_log, "
     "Tensor a, Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, "
     "Tensor? ssm_state_indices, bool disable_state_update, bool use_qk_l2norm, "
-    "Tensor? output_state_indices) -> ()",
+    "Tensor? output_state_indices, bool zero_padding) -> ()",
     "(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, bool do_shuffle, int sf_vec_size, "
     "bool? enable_pdl, str backend) -> (Tensor, Tensor)",
     "(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, SymInt m, "
@@ -111,19 +113,23 @@ SCHEMAS = (
 
 
 def _reference_gdn(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-                   update, l2norm, direct):
+                   update, l2norm, direct, zero_padding=True):
     """Validate exactly as the CUDA path does (every check but the device type), then compute with the
     torch reference in float32 and write the results in place."""
     from .reference.gdn import gdn_reference
 
     _gdn._prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-                  update, l2norm, direct, require_cuda=False)
+                  update, l2norm, direct, require_cuda=False, zero_padding=zero_padding)
     if q.shape[0] == 0:
         return
     ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, pool, layout=layout, scale=scale, use_qk_l2norm=l2norm,
                         read_indices=read_idx, write_indices=write_idx, intermediate=inter,
                         ssm_state_indices=ssm, disable_state_update=not update, dtype=torch.float32)
-    output.copy_(ref.output)
+    if zero_padding or read_idx is None:
+        output.copy_(ref.output)
+    else:  # padding rows keep the caller's values
+        live = (read_idx >= 0).view(-1, 1, 1, 1)
+        output.copy_(torch.where(live, ref.output.to(output.dtype), output))
     if update:
         pool.copy_(ref.state)
     if inter is not None:
@@ -134,27 +140,27 @@ def _reference_gdn(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_decode_pretranspose",
-                         mutates_args=("state", "output", "initial_state"), schema=SCHEMAS[0])
+                         mutates_args=("state", "output", "initial_state", "intermediate_states_buffer"),
+                         schema=SCHEMAS[0])
 def _decode_pretranspose_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor], A_log: torch.Tensor,
     a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float], output: torch.Tensor,
     use_qk_l2norm: bool, initial_state: Optional[torch.Tensor], initial_state_indices: Optional[torch.Tensor],
-    output_state_indices: Optional[torch.Tensor],
+    output_state_indices: Optional[torch.Tensor], intermediate_states_buffer: Optional[torch.Tensor],
+    disable_state_update: bool, zero_padding: bool,
 ) -> None:
-    if q.device.type != "cpu":
-        _gdn.gated_delta_rule_decode_pretranspose(
-            q, k, v, state, A_log, a, dt_bias, b, scale=scale, output=output, use_qk_l2norm=use_qk_l2norm,
-            initial_state=initial_state, initial_state_indices=initial_state_indices,
-            output_state_indices=output_state_indices)
-        return
     pool, read, write, direct = _gdn.pool_args(state, initial_state, initial_state_indices, output_state_indices)
-    _reference_gdn("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, None, None, True,
-                   use_qk_l2norm, direct)
+    if q.device.type != "cpu":
+        _gdn._run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
+                  None, not disable_state_update, use_qk_l2norm, direct=direct, zero_padding=zero_padding)
+        return
+    _reference_gdn("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output,
+                   intermediate_states_buffer, None, not disable_state_update, use_qk_l2norm, direct, zero_padding)
 
 
 @_decode_pretranspose_op.register_fake
 def _(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initial_state, initial_state_indices,
-      output_state_indices) -> None:
+      output_state_indices, intermediate_states_buffer, disable_state_update, zero_padding) -> None:
     return None
 
 
@@ -185,23 +191,22 @@ def _mtp_op(
     b: torch.Tensor, scale: Optional[float], output: torch.Tensor,
     intermediate_states_buffer: Optional[torch.Tensor], ssm_state_indices: Optional[torch.Tensor],
     disable_state_update: bool, use_qk_l2norm: bool, output_state_indices: Optional[torch.Tensor],
+    zero_padding: bool,
 ) -> None:
     if q.device.type != "cpu":
-        _gdn.gated_delta_rule_mtp(
-            q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale=scale, output=output,
-            intermediate_states_buffer=intermediate_states_buffer, ssm_state_indices=ssm_state_indices,
-            disable_state_update=disable_state_update, use_qk_l2norm=use_qk_l2norm,
-            output_state_indices=output_state_indices)
+        _gdn._run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
+                  scale, output, intermediate_states_buffer, ssm_state_indices, not disable_state_update,
+                  use_qk_l2norm, direct=False, zero_padding=zero_padding)
         return
     _reference_gdn("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices,
                    output_state_indices, scale, output, intermediate_states_buffer, ssm_state_indices,
-                   not disable_state_update, use_qk_l2norm, False)
+                   not disable_state_update, use_qk_l2norm, False, zero_padding)
 
 
 @_mtp_op.register_fake
 def _(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
       intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
-      output_state_indices) -> None:
+      output_state_indices, zero_padding) -> None:
     return None
 
 
@@ -219,25 +224,36 @@ def gated_delta_rule_decode_pretranspose(
     a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float] = None,
     output: Optional[torch.Tensor] = None, use_qk_l2norm: bool = True, initial_state: Optional[torch.Tensor] = None,
     initial_state_indices: Optional[torch.Tensor] = None, output_state_indices: Optional[torch.Tensor] = None,
+    intermediate_states_buffer: Optional[torch.Tensor] = None, disable_state_update: Optional[bool] = False,
+    backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_decode_pretranspose` through ``torch.ops.gdnjit``; same arguments and
     return value ``(output, state_or_pool)``."""
+    _gdn.check_backend(backend, _gdn._BACKENDS_PRETRANSPOSE)
+    T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+    fp32_pool = isinstance(initial_state, torch.Tensor) and initial_state.dtype == torch.float32
+    frozen = _gdn.disable_flag(disable_state_update, frozen_if_none=fp32_pool and T > 1)
+    if T == 1 and intermediate_states_buffer is not None:
+        raise ValueError("intermediate_states_buffer: supported only for T > 1 (use gated_delta_rule_mtp)")
+    if T == 1 and frozen:
+        raise ValueError("disable_state_update: supported only for T > 1 (use gated_delta_rule_mtp)")
     out = _output(q, v, output)
     if initial_state is not None and state is initial_state:
         state = None  # FlashInfer style: the pool passed twice; two mutated args must not alias
     torch.ops.gdnjit.gated_delta_rule_decode_pretranspose(
         q, k, v, state, A_log, a, dt_bias, b, scale, out, use_qk_l2norm, initial_state, initial_state_indices,
-        output_state_indices)
+        output_state_indices, intermediate_states_buffer, frozen, output is None or T == 1)
     return out, (initial_state if initial_state is not None else state)
 
 
 def gated_delta_rule_decode(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor,
     dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float] = None, output: Optional[torch.Tensor] = None,
-    use_qk_l2norm: bool = True,
+    use_qk_l2norm: bool = True, backend: str = "auto",
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_decode` (K-major state) through ``torch.ops.gdnjit``; returns
     ``(output, state)``."""
+    _gdn.check_backend(backend, _gdn._BACKENDS_DECODE)
     out = _output(q, v, output)
     torch.ops.gdnjit.gated_delta_rule_decode(q, k, v, state, A_log, a, dt_bias, b, scale, out, use_qk_l2norm)
     return out, state
@@ -248,14 +264,18 @@ def gated_delta_rule_mtp(
     initial_state_indices: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
     b: torch.Tensor, scale: Optional[float] = None, output: Optional[torch.Tensor] = None,
     intermediate_states_buffer: Optional[torch.Tensor] = None, ssm_state_indices: Optional[torch.Tensor] = None,
-    disable_state_update: bool = False, use_qk_l2norm: bool = True,
-    output_state_indices: Optional[torch.Tensor] = None,
+    disable_state_update: Optional[bool] = None, use_qk_l2norm: bool = True,
+    output_state_indices: Optional[torch.Tensor] = None, cache_replayssm: bool = False,
+    replayssm_rawv: Optional[torch.Tensor] = None, replayssm_rawk: Optional[torch.Tensor] = None,
+    replayssm_g: Optional[torch.Tensor] = None, replayssm_beta: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_mtp` through ``torch.ops.gdnjit``; returns ``(output, initial_state)``."""
+    _gdn.unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
+    frozen = _gdn.disable_flag(disable_state_update, frozen_if_none=True)
     out = _output(q, v, output)
     torch.ops.gdnjit.gated_delta_rule_mtp(
         q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, out,
-        intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm, output_state_indices)
+        intermediate_states_buffer, ssm_state_indices, frozen, use_qk_l2norm, output_state_indices, output is None)
     return out, initial_state
 
 

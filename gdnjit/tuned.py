@@ -49,14 +49,17 @@ class TunedTable:
             key = _problem_key(e["spec"], e["params"], e["facts"], batch)
             self._by_problem.setdefault(key, []).append((int(e["facts"][batch]), e["tunables"]))
 
-    def lookup(self, spec: str, params: dict[str, Any], facts: dict[str, Any]) -> dict[str, Any] | None:
+    def lookup(self, spec: str, params: dict[str, Any], facts: dict[str, Any],
+               batch_invariant: bool = False) -> dict[str, Any] | None:
         """The tunables of the entry for these params and facts (all but the spec's batch fact and
         num_sms) whose batch-fact value is nearest to the call's (log scale; ties to the smaller), if
         that is within a factor of :data:`MAX_B_RATIO`; else None (the rules decide: a table tuned at
-        B = 8 says nothing about B = 512)."""
+        B = 8 says nothing about B = 512). ``batch_invariant``: the batch fact is the spec's
+        ``invariant_batch`` (:meth:`gdnjit.spec.Spec.dispatch_facts`)."""
         batch = _batch_fact(spec)
         if batch is None:
             return None
+        facts = get_spec(spec).dispatch_facts(facts, batch_invariant)
         cands = self._by_problem.get(_problem_key(spec, params, facts, batch))
         if not cands:
             return None
@@ -76,6 +79,8 @@ def _batch_fact(spec: str) -> str | None:
 
 
 def _problem_key(spec: str, params: dict[str, Any], facts: dict[str, Any], batch: str) -> tuple:
+    # keyed by the params dispatch sees (Spec.dispatch_view): modes that compute alike share entries
+    params = get_spec(spec).dispatch_view(params)
     return (spec, tuple(sorted(params.items())),
             tuple(sorted((f, v) for f, v in facts.items() if f not in (batch, "num_sms"))))
 

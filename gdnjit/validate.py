@@ -119,6 +119,13 @@ def vector_ok(x: torch.Tensor, dim: int, nbytes: int = 16) -> bool:
             and all((x.stride(d) * es) % nbytes == 0 for d in range(x.dim()) if d != dim and x.shape[d] > 1))
 
 
+def truthy(name: str, x: Any) -> bool:
+    """A flag given as a bool or an int (FlashInfer's convention: its truth value); TypeError otherwise."""
+    if not isinstance(x, int):  # bool is an int
+        raise TypeError(f"{name}: expected a bool or an int, got {type(x).__name__}")
+    return bool(x)
+
+
 def boolean(name: str, x: Any) -> bool:
     if not isinstance(x, bool):
         raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")

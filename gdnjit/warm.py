@@ -57,9 +57,10 @@ def sm_counts_for(arch: str) -> tuple[int, ...]:
 
 
 def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[int] | None = None,
-         tuned: Sequence[dict] = ()) -> list[Variant]:
+         tuned: Sequence[dict] = (), batch_invariant: bool = False) -> list[Variant]:
     """Every distinct variant the dispatcher selects for the problems, archs and SM counts, in order;
-    with ``tuned`` table documents, also each table's choice for tables of the same arch."""
+    with ``tuned`` table documents, also each table's choice for tables of the same arch;
+    ``batch_invariant``: the choices of batch-invariant mode (``GDNJIT_BATCH_INVARIANT``)."""
     from .tuned import TunedTable
 
     seen: dict[tuple, Variant] = {}
@@ -72,9 +73,10 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
             params = params_for(prob, arch)
             for sms in counts:
                 for facts in iter_facts(prob, sms):
-                    choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts})[0]]
+                    choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts},
+                                               batch_invariant=batch_invariant)[0]]
                     for table in tables:
-                        t = table.lookup(spec.name, params, facts)
+                        t = table.lookup(spec.name, params, facts, batch_invariant)
                         if t is not None and spec.valid(params, t):
                             choices.append(t)
                     for tunables in choices:

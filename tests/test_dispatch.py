@@ -141,3 +141,73 @@ def test_bf16_update_t4_takes_tc_past_two_waves():
         assert _mid(4, "bf16", "none", B, HV=HV, H=16)[0] == "tc", (B, HV)
     for B, HV in ((4, 64), (8, 32), (4, 48), (2, 64)):  # 256, 256, 192, 128
         assert _mid(4, "bf16", "none", B, HV=HV, H=16) == ("mma", 4, 1, 64, 1, True, True), (B, HV)
+
+
+# ---- one variant per arithmetic: indexing modes and batch-invariant mode (issue 25) -----------------------
+
+def _mode_grid():
+    """gdn pool problems at T = 2..16 over both state dtypes, dims, batch sizes and head counts."""
+    for T, sd, K, B, HV in itertools.product(range(2, 17), ["fp32", "bf16"], [64, 128, 256], [1, 4, 16, 64, 128, 512],
+                                             [16, 32, 64]):
+        yield dict(_GDN_BASE, layout="klast", K=K, V=K, T=T, state_dtype=sd, in_dtype="bf16", pool=True), \
+            dict(B=B, H=16, HV=HV, num_sms=132)
+
+
+def _tables():
+    import json
+    from pathlib import Path
+
+    from gdnjit.tuned import SHIPPED_DIR, TunedTable
+
+    return [(p.name, TunedTable(json.loads(Path(p).read_text())["entries"])) for p in sorted(SHIPPED_DIR.glob("*.json"))]
+
+
+def test_ssm_scatter_and_dense_buffer_modes_get_the_same_variant():
+    """Per-token stores through ssm_state_indices and through a dense intermediate buffer of the state's dtype
+    (with or without the final writeback) compute alike, so the rules and every shipped tuned table must give
+    them the same tunables: FlashInfer requires the two modes' outputs and states bit-identical."""
+    spec = get_spec("gdn")
+    tables = _tables()
+    for base, facts in _mode_grid():
+        dense = dict(base, inter_dtype=base["state_dtype"], ssm_idx_dtype="none")
+        modes = [dense, dict(dense, update=False), dict(dense, same_pool=False),
+                 dict(base, inter_dtype="none", ssm_idx_dtype="int32"),
+                 dict(base, inter_dtype="none", ssm_idx_dtype="int64", idx_dtype="int64")]
+        chosen = [dispatch.select(spec, m, facts)[0] for m in modes]
+        assert all(c == chosen[0] for c in chosen), (facts, base, chosen)
+        for name, table in tables:
+            looked = [table.lookup("gdn", m, facts) for m in modes]
+            assert all(x == looked[0] for x in looked), (name, facts, base, looked)
+
+
+def test_the_dispatch_view_maps_the_store_mode_and_the_index_flavour():
+    spec = get_spec("gdn")
+    p = dict(_GDN_BASE, layout="klast", K=128, V=128, T=4, state_dtype="bf16", in_dtype="bf16", pool=True,
+             inter_dtype="none", ssm_idx_dtype="int64")
+    assert spec.dispatch_view(p) == dict(p, inter_dtype="bf16", ssm_idx_dtype="none", update=False)
+    assert spec.dispatch_view(dict(p, idx_dtype="int64", same_pool=False)) == spec.dispatch_view(p)
+    plain = dict(p, ssm_idx_dtype="none")
+    assert spec.dispatch_view(plain) == plain  # no per-token stores: the final writeback is the mode's own
+    assert get_spec("nvfp4_quantize").dispatch_view({"K": 64}) == {"K": 64}
+
+
+@pytest.mark.parametrize("with_tables", [False, True])
+def test_batch_invariant_mode_picks_one_variant_for_every_batch(with_tables):
+    """GDNJIT_BATCH_INVARIANT: the tunables (hence the arithmetic order) of a shape do not depend on B; without
+    it they do somewhere (else the mode would be pointless)."""
+    from gdnjit import runner
+
+    spec = get_spec("gdn")
+    tables = [t for _, t in _tables()] if with_tables else [None]
+    varies = False
+    for table in tables:
+        for T, sd, HV in itertools.product([1, 2, 4, 8], ["fp32", "bf16"], [32, 64]):
+            params = dict(_GDN_BASE, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", pool=True,
+                          inter_dtype="none", ssm_idx_dtype="none")
+            per_b = [runner.choose_variant(spec, params, dict(B=B, H=16, HV=HV, num_sms=132), "sm_90", table,
+                                           batch_invariant=True).tunables for B in (1, 3, 32, 128, 512, 4096)]
+            assert all(x == per_b[0] for x in per_b), (T, sd, HV, per_b)
+            normal = {runner.choose_variant(spec, params, dict(B=B, H=16, HV=HV, num_sms=132), "sm_90", table).tunables
+                      for B in (1, 3, 32, 128, 512, 4096)}
+            varies |= len(normal) > 1
+    assert varies

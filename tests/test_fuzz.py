@@ -571,9 +571,10 @@ def oracle(fn: str, a: dict) -> set[str]:
     others are measured against (q: B, T, H, K; v: HV, V) is bad, only it is reported."""
     get = a.get
     if fn == "mtp":
-        if not isinstance(get("disable_state_update", False), bool):
+        flag = get("disable_state_update", None)  # FlashInfer's convention: a bool / int by truth value; None: True
+        if flag is not None and not isinstance(flag, int):
             return {"disable_state_update"}
-        layout, direct, update = "klast", False, not get("disable_state_update", False)
+        layout, direct, update = "klast", False, not (flag is None or bool(flag))
         pool = get("initial_state")
     elif fn == "pretranspose":
         layout, update = "klast", True

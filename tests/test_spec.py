@@ -259,12 +259,14 @@ print(json.dumps(out))
 
 def test_loading_compiles_only_what_the_fallback_check_evaluates():
     """Loading parses every expression (errors at load) but compiles only what the checks at load evaluate:
-    pieces of constraints and derived values (the fallback check) and param domains (each listed value
-    must be inside). Rule conditions and launch shapes wait for their first use."""
+    pieces of constraints and derived values (the fallback check), param domains (each listed value
+    must be inside) and dispatch_params (each value they give must be listed). Rule conditions and launch
+    shapes wait for their first use."""
     compiled = _child(_COMPILED_AT_LOAD)
     for name in list_specs():
         spec = get_spec(name)
         texts = [e for _, e in spec.derived] + [c.expr for c in spec.constraints] + [e for _, e in spec.domains]
+        texts += [e for _, e in spec.dispatch_params]
         pieces = {p for e in texts for p in gexpr.conjuncts(e)}
         assert compiled[name], name
         assert set(compiled[name]) <= pieces, (name, set(compiled[name]) - pieces)

@@ -22,7 +22,7 @@ from gdnjit.reference.gdn import gdn_reference
 ROOT = Path(__file__).resolve().parents[1]
 
 MUTATED = {
-    "gated_delta_rule_decode_pretranspose": {"state", "output", "initial_state"},
+    "gated_delta_rule_decode_pretranspose": {"state", "output", "initial_state", "intermediate_states_buffer"},
     "gated_delta_rule_decode": {"state", "output"},
     "gated_delta_rule_mtp": {"initial_state", "output", "intermediate_states_buffer"},
     "nvfp4_quantize": set(),
@@ -153,21 +153,28 @@ def _gdn_opcheck_cases():
     pool = torch.randn(7, 4, 64, 64)
     idx = torch.tensor([4, -1, 2], dtype=torch.int32)
     yield "pretranspose-pool", "gated_delta_rule_decode_pretranspose", (
-        t["q"], t["k"], t["v"], None, *g, None, out1, True, pool, idx, None)
+        t["q"], t["k"], t["v"], None, *g, None, out1, True, pool, idx, None, None, False, True)
     yield "pretranspose-direct", "gated_delta_rule_decode_pretranspose", (
-        t["q"], t["k"], t["v"], t["state"].clone(), *g, 0.3, out1.float(), False, None, None, None)
+        t["q"], t["k"], t["v"], t["state"].clone(), *g, 0.3, out1.float(), False, None, None, None, None, False, True)
     yield "pretranspose-split", "gated_delta_rule_decode_pretranspose", (
         t["q"], t["k"], t["v"], None, *g, None, out1.clone(), True, pool.clone(), idx,
-        torch.tensor([5, 0, -1], dtype=torch.int32))
+        torch.tensor([5, 0, -1], dtype=torch.int32), None, False, True)
     t4 = gdn_inputs(B=3, T=4, seed=1)
     g4 = (t4["A_log"], t4["a"], t4["dt_bias"], t4["b"])
     out4 = torch.empty(3, 4, 4, 64, dtype=torch.bfloat16)
     buf = torch.full((4, 5, 4, 64, 64), float("nan"))
     yield "mtp-verify", "gated_delta_rule_mtp", (
-        t4["q"], t4["k"], t4["v"], pool.clone(), idx, *g4, None, out4, buf, None, True, True, None)
+        t4["q"], t4["k"], t4["v"], pool.clone(), idx, *g4, None, out4, buf, None, True, True, None, True)
+    yield "mtp-keep-padding", "gated_delta_rule_mtp", (
+        t4["q"], t4["k"], t4["v"], pool.clone(), idx, *g4, None, torch.full_like(out4, 7.0), None, None, False, True,
+        None, False)
+    yield "pretranspose-verify", "gated_delta_rule_decode_pretranspose", (
+        t4["q"], t4["k"], t4["v"], None, *g4, None, torch.full_like(out4, 7.0), True, pool.clone(), idx, None,
+        buf.clone(), True, False)
     ssm = torch.tensor([[0, 1, -1, 3], [6, 6, 6, 6], [5, -1, -1, 6]], dtype=torch.int64)
     yield "mtp-ssm", "gated_delta_rule_mtp", (
-        t4["q"], t4["k"], t4["v"], pool.clone(), idx.long(), *g4, None, out4.clone(), None, ssm, False, True, None)
+        t4["q"], t4["k"], t4["v"], pool.clone(), idx.long(), *g4, None, out4.clone(), None, ssm, False, True, None,
+        True)
     tk = gdn_inputs(B=2, T=2, layout="kmajor", seed=2)
     yield "kmajor", "gated_delta_rule_decode", (
         tk["q"], tk["k"], tk["v"], tk["state"], tk["A_log"], tk["a"], tk["dt_bias"], tk["b"], None,

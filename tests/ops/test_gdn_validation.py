@@ -172,9 +172,64 @@ def test_public_api_errors_on_cpu_tensors():
     with pytest.raises(ValueError, match="state: expected the direct state"):
         gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], None, t["A_log"], t["a"], t["dt_bias"],
                                                     t["b"])
-    with pytest.raises(TypeError, match="disable_state_update: expected a bool"):
+    with pytest.raises(TypeError, match="disable_state_update: expected a bool or an int, got str"):
         gdnjit.gated_delta_rule_mtp(t["q"], t["k"], t["v"], t["state"], torch.zeros(3, dtype=torch.int32),
-                                    t["A_log"], t["a"], t["dt_bias"], t["b"], disable_state_update=None)
+                                    t["A_log"], t["a"], t["dt_bias"], t["b"], disable_state_update="yes")
+
+
+def test_flashinfer_value_conventions(monkeypatch):
+    """FlashInfer 0.7.2's conventions: disable_state_update as a truthy int (its tests pass 0 / 1) or None
+    (mtp: frozen, with a one-time FutureWarning); backend validated ("cake_gdn" / "rubin": not provided);
+    at T = 1 an intermediate buffer or a true disable_state_update is refused; ReplaySSM arguments are
+    refused until provided. The flags reach the kernel call as bools."""
+    from gdnjit import gdn as g
+
+    seen = []
+    monkeypatch.setattr(g, "_run", lambda *a, **kw: seen.append((a[15], kw)) or a[12])
+    t = make()
+    idx = torch.zeros(3, dtype=torch.int32)
+    t4 = make(T=4)
+    mtp = lambda **kw: gdnjit.gated_delta_rule_mtp(t4["q"], t4["k"], t4["v"], t4["state"], idx, t4["A_log"],  # noqa: E731
+                                                   t4["a"], t4["dt_bias"], t4["b"], **kw)
+    for flag, update in ((0, True), (1, False), (False, True), (True, False), (2, False)):
+        seen.clear()
+        mtp(disable_state_update=flag)
+        assert seen[0][0] is update
+    monkeypatch.setattr(g, "_warned_none_default", False)
+    seen.clear()
+    with pytest.warns(FutureWarning, match="disable_state_update=None is treated as True"):
+        mtp()
+    assert seen[0][0] is False and seen[0][1]["zero_padding"] is True
+    mtp(output=torch.empty(3, 4, 4, 128, dtype=torch.bfloat16), disable_state_update=False)
+    assert seen[-1][1]["zero_padding"] is False  # a caller's buffer keeps its padding rows
+    with pytest.raises(NotImplementedError, match="ReplaySSM"):
+        mtp(disable_state_update=True, cache_replayssm=True)
+    with pytest.raises(NotImplementedError, match="replayssm_rawv"):
+        mtp(disable_state_update=True, replayssm_rawv=torch.zeros(1))
+
+    pre = lambda **kw: gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], t["state"], t["A_log"],  # noqa: E731
+                                                                   t["a"], t["dt_bias"], t["b"], **kw)
+    for backend in ("auto", "flashinfer"):
+        pre(backend=backend)
+    for backend in ("cake_gdn", "rubin"):
+        with pytest.raises(NotImplementedError, match=f"backend='{backend}'"):
+            pre(backend=backend)
+    with pytest.raises(ValueError, match=r"backend: expected one of \['auto', 'flashinfer', 'cake_gdn', 'rubin'\], got 'cuda'"):
+        pre(backend="cuda")
+    with pytest.raises(NotImplementedError, match="backend='cake_gdn'"):
+        gdnjit.gated_delta_rule_decode(t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"], t["b"],
+                                       backend="cake_gdn")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        gdnjit.gated_delta_rule_decode(t["q"], t["k"], t["v"], t["state"], t["A_log"], t["a"], t["dt_bias"], t["b"],
+                                       backend="rubin")
+    with pytest.raises(ValueError, match="intermediate_states_buffer: supported only for T > 1"):
+        pre(intermediate_states_buffer=torch.zeros(3, 1, 4, 128, 128))
+    with pytest.raises(ValueError, match="disable_state_update: supported only for T > 1"):
+        pre(disable_state_update=1)
+    seen.clear()
+    pre(disable_state_update=0)
+    pre(disable_state_update=None)
+    assert [x[0] for x in seen] == [True, True] and all(x[1]["zero_padding"] for x in seen)
 
 
 
