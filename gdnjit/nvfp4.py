@@ -29,11 +29,15 @@ from .runner import RUNNER, KernelCall, device_info
 from .sf_layout import SfLayout, padded_sf_shape, to_sf_layout
 from .spec import get_spec
 
-__all__ = ["nvfp4_quantize", "dequantize_nvfp4", "SfLayout", "BACKENDS"]
+__all__ = ["nvfp4_quantize", "fp4_quantize", "dequantize_nvfp4", "SfLayout", "BACKENDS", "fast_math_from_env"]
 
 SPEC = "nvfp4_quantize"
-BACKENDS = ("gdnjit", "reference")
-"""``gdnjit``: the JIT kernel. ``reference``: the torch reference (slow, synchronises; any device)."""
+BACKENDS = ("gdnjit", "cuda", "cute-dsl", "reference")
+"""``gdnjit`` (and FlashInfer's spellings ``cuda`` / ``cute-dsl``, whose results FlashInfer keeps identical): the
+JIT kernel. ``reference``: the torch reference (slow, synchronises; any device). FlashInfer's ``cake`` (per-token
+activation scales) is not provided."""
+FAST_MATH_ENV = ("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISABLE_FP4_QUANT_FAST_MATH")
+_UNSET = object()
 SF_VEC_SIZE = 16
 _IN_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8e4m3"}
 _LAYOUT_PARAM = {SfLayout.layout_128x4: "128x4", SfLayout.layout_8x4: "8x4", SfLayout.layout_linear: "linear"}
@@ -53,21 +57,40 @@ def _layout(sfLayout) -> SfLayout:
     return to_sf_layout(sfLayout)
 
 
+def fast_math_from_env(environ=None) -> bool:
+    """FlashInfer's recipe switch, read per call as FlashInfer does: the fast recipe unless
+    ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH`` (or its alias ``TRTLLM_DISABLE_FP4_QUANT_FAST_MATH``) is
+    exactly ``"1"``."""
+    import os
+
+    env = os.environ if environ is None else environ
+    return not any(env.get(name) == "1" for name in FAST_MATH_ENV)
+
+
+def _recipe(fast_math, in_dtype) -> str:
+    """``fast_math`` (None: the environment, per call) -> the spec's recipe; fp8 input is always fast."""
+    if fast_math is None:
+        fast_math = fast_math_from_env()
+    elif not isinstance(fast_math, bool):
+        raise TypeError(f"fast_math: expected None or a bool, got {type(fast_math).__name__}")
+    return "fast" if fast_math or in_dtype == torch.float8_e4m3fn else "exact"
+
+
 def _global_scale(a_global_sf, device: torch.device):
-    """(device pointer or 0, float value) of the global scale; no host<->device traffic."""
+    """(device pointer or 0, float value, the tensor to keep alive) of the global scale. A tensor of another
+    float dtype or device is converted to float32 on ``device`` first (FlashInfer does the same; a copy)."""
     if isinstance(a_global_sf, torch.Tensor):
         if a_global_sf.numel() != 1:
             raise ValueError(
                 f"a_global_sf: expected a one-element tensor (or a Python float), got shape {tuple(a_global_sf.shape)}"
             )
-        if a_global_sf.dtype != torch.float32:
-            raise TypeError(f"a_global_sf: expected dtype float32, got {str(a_global_sf.dtype).replace('torch.', '')}")
-        if a_global_sf.device != device:
-            raise ValueError(
-                f"a_global_sf: expected a tensor on {device} (like a), got one on {a_global_sf.device}; "
-                f"move it once (.to(a.device)) or pass a Python float"
-            )
-        return a_global_sf.data_ptr(), 0.0
+        if not a_global_sf.dtype.is_floating_point:
+            raise TypeError(f"a_global_sf: expected a float dtype, got {str(a_global_sf.dtype).replace('torch.', '')}")
+        if a_global_sf.device.type == "meta" and device.type != "meta":
+            raise ValueError(f"a_global_sf: expected a tensor with a value (on {device}, like a), got a meta tensor")
+        if a_global_sf.dtype != torch.float32 or a_global_sf.device != device:
+            a_global_sf = a_global_sf.to(device=device, dtype=torch.float32)
+        return a_global_sf.data_ptr(), 0.0, a_global_sf
     if isinstance(a_global_sf, bool) or not isinstance(a_global_sf, (int, float)):
         raise TypeError(
             f"a_global_sf: expected a one-element float32 tensor or a Python float, got {type(a_global_sf).__name__}"
@@ -79,7 +102,7 @@ def _global_scale(a_global_sf, device: torch.device):
         f32 = math.inf
     if not (f32 > 0.0 and math.isfinite(f32)):
         raise ValueError(f"a_global_sf: expected a finite value > 0 (as float32), got {value!r}")
-    return 0, f32
+    return 0, f32, None
 
 
 def _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend) -> SfLayout:
@@ -102,18 +125,45 @@ def _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend) -> Sf
         )
     if enable_pdl is not None and not isinstance(enable_pdl, bool):
         raise TypeError(f"enable_pdl: expected None or a bool, got {type(enable_pdl).__name__}")
+    if backend == "cake":
+        raise NotImplementedError("backend='cake': FlashInfer's Cake NVFP4 backend (per-token activation scales) "
+                                  "is not provided by gdnjit")
     if not isinstance(backend, str) or backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {list(BACKENDS)}, got {backend!r}")
     return layout
 
 
+def _check_flashinfer_extras(per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6) -> None:
+    """FlashInfer 0.7.2's further nvfp4_quantize arguments: accepted at their off values; what gdnjit does not
+    provide raises NotImplementedError naming it, what FlashInfer itself refuses raises its ValueError."""
+    if not isinstance(per_token_activation, bool):
+        raise TypeError(f"per_token_activation: expected a bool, got {type(per_token_activation).__name__}")
+    if per_token_activation:
+        raise NotImplementedError("per_token_activation: FlashInfer's per-token activation scales are not provided "
+                                  "by gdnjit (pass False)")
+    if expanded_idx_to_permuted_idx is not None:
+        raise ValueError("expanded_idx_to_permuted_idx: only with per_token_activation=True (as in FlashInfer)")
+    if out_scale is not None:
+        raise ValueError("out_scale: only with per_token_activation=True (as in FlashInfer)")
+    if nvfp4_4over6 is _UNSET:
+        import os
+
+        if any(k.startswith("FLASHINFER_NVFP4_4OVER6") and os.environ[k] not in ("", "0")
+               for k in os.environ):
+            raise NotImplementedError("FLASHINFER_NVFP4_4OVER6*: FlashInfer's 4over6 recipe is not provided by "
+                                      "gdnjit (unset those variables)")
+    elif nvfp4_4over6 is not None:
+        raise NotImplementedError("nvfp4_4over6: FlashInfer's 4over6 recipe is not provided by gdnjit (pass None)")
+
+
 def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, sf_vec_size=16, enable_pdl=None,
-             backend="gdnjit", require_cuda: bool = True, arch: Optional[str] = None):
+             backend="gdnjit", require_cuda: bool = True, arch: Optional[str] = None, recipe: str = "fast"):
     """All argument checks and the output allocation.
 
     Returns ``(fp4, sf, call)`` where ``call`` is the named :class:`~gdnjit.runner.KernelCall`, or None
     when there is nothing to launch (M == 0). ``require_cuda=False`` (with ``arch``, e.g.
-    ``'sm_90'``) lets CPU tests exercise every other check with CPU tensors.
+    ``'sm_90'``) lets CPU tests exercise every other check with CPU tensors. ``recipe``: the spec's
+    ``fast`` / ``exact`` (:func:`_recipe` turns FlashInfer's switch into it).
     """
     (_v.cuda_tensor if require_cuda else _v.tensor)("a", a)
     if a.dtype not in _IN_DTYPES:
@@ -139,7 +189,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
     M = x.shape[0]
     device = a.device
     _v.aligned("a", x, 16)
-    gs_ptr, gs_value = _global_scale(a_global_sf, device)
+    gs_ptr, gs_value, gs_tensor = _global_scale(a_global_sf, device)
 
     n_blocks = K // SF_VEC_SIZE
     sf_rows, sf_cols = padded_sf_shape(M, n_blocks, layout)
@@ -166,7 +216,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
     pdl = (arch_num >= _PDL_ARCH) if enable_pdl is None else enable_pdl  # None: where supported
     # the pdl param picks the variant that waits on griddepcontrol; the call's pdl launches it so
     params = dict(in_dtype=_IN_DTYPES[a.dtype], sf_layout=_LAYOUT_PARAM[layout], K=K, hw_e2m1=arch_num >= _HW_E2M1_ARCH,
-                  pdl=pdl)
+                  pdl=pdl, recipe=recipe)
     args = dict(x=x.data_ptr(), q=fp4.data_ptr(), sf=sf.data_ptr(), gs_ptr=gs_ptr, x_stride=x.stride(0), M=M,
                 sf_rows=sf_rows, gs_value=gs_value)
     return fp4, sf, KernelCall(spec, params, dict(M=M), args, dev, pdl=pdl)
@@ -180,6 +230,12 @@ def nvfp4_quantize(
     sf_vec_size: int = 16,
     enable_pdl: Optional[bool] = None,
     backend: str = "gdnjit",
+    per_token_activation: bool = False,
+    expanded_idx_to_permuted_idx: Optional[torch.Tensor] = None,
+    out_scale: Optional[torch.Tensor] = None,
+    nvfp4_4over6=_UNSET,
+    *,
+    fast_math: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Quantize activations to NVFP4 (e2m1 values, one e4m3 scale per 16 elements, global scale).
 
@@ -192,7 +248,9 @@ def nvfp4_quantize(
             argument), with the base and the row stride 16-byte aligned. Compute capability >= 8.9.
         a_global_sf: the global scale ``gs``: a one-element float32 tensor on ``a``'s device (read
             by the kernel: no host sync, CUDA-graph safe; it must hold a finite value > 0, not
-            checked) or a Python float (finite, > 0; rounded to float32).
+            checked) or a Python float (finite, > 0; rounded to float32). A tensor of another float
+            dtype (bf16 / fp16) or device is converted to float32 on ``a``'s device first, as FlashInfer
+            does (a copy per call).
         sfLayout: :class:`SfLayout` (also its int value / name, or FlashInfer's ``SfLayout``
             member): ``layout_128x4`` (default, swizzled for tcgen05 / cuBLASLt GEMMs),
             ``layout_8x4`` or ``layout_linear`` (see :mod:`gdnjit.sf_layout`).
@@ -206,8 +264,17 @@ def nvfp4_quantize(
             (``griddepcontrol.wait``) before touching memory, launched so that it may be scheduled
             while that kernel finishes, and that lets a following PDL kernel start once its loads
             are issued (its own launch shapes: docs/perf.md). Results are identical either way.
-        backend: ``"gdnjit"`` (the JIT kernel) or ``"reference"`` (the torch reference; slow,
-            synchronises, works on any device).
+        backend: ``"gdnjit"`` or FlashInfer's ``"cuda"`` / ``"cute-dsl"`` (the JIT kernel), or
+            ``"reference"`` (the torch reference; slow, synchronises, works on any device). FlashInfer's
+            ``"cake"``: NotImplementedError.
+        per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6: FlashInfer 0.7.2's
+            per-token scales and 4over6 recipe, not provided: accepted at their off values (False, None,
+            None, unset / None); per-token mode, a 4over6 config (or the ``FLASHINFER_NVFP4_4OVER6*``
+            variables enabling it) raise NotImplementedError; the index / out_scale without per-token
+            mode raise FlashInfer's ValueError.
+        fast_math: the recipe. None (default): FlashInfer's switch, read per call as FlashInfer does:
+            fast unless ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH`` (or ``TRTLLM_...``) is ``"1"``. False: the
+            exact recipe (TransformerEngine's; docs/design.md section 5). fp8 input is always fast.
 
     Returns:
         ``(fp4, sf)``: ``fp4`` uint8 ``[M, K // 2]`` (element ``2i`` in the low nibble);
@@ -225,15 +292,70 @@ def nvfp4_quantize(
         TypeError / ValueError naming the argument: wrong types, dtypes, shapes, strides, devices,
         K not a multiple of 16 or above 2^20, unsupported options, unknown backend.
     """
-    if backend != "gdnjit":
-        layout = _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)  # unknown backend: raises
+    _check_flashinfer_extras(per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6)
+    recipe = _recipe(fast_math, getattr(a, "dtype", None))
+    if backend == "reference" or backend not in BACKENDS:  # options (an unknown backend) before the device
+        layout = _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)
         from .reference.nvfp4 import quantize_reference
 
-        return quantize_reference(a, a_global_sf, layout)
-    fp4, sf, call = _prepare(a, a_global_sf, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)
+        return quantize_reference(a, a_global_sf, layout, recipe)
+    fp4, sf, call = _prepare(a, a_global_sf, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, recipe=recipe)
     if call is not None:
         RUNNER.launch(call)
     return fp4, sf
+
+
+def fp4_quantize(
+    input: torch.Tensor,
+    global_scale: Optional[torch.Tensor] = None,
+    sf_vec_size: int = 16,
+    sf_use_ue8m0: bool = False,
+    is_sf_swizzled_layout: bool = True,
+    is_sf_8x4_layout: bool = False,
+    is_global_scale_inversed: bool = False,
+    enable_pdl: Optional[bool] = None,
+    backend: str = "cuda",
+    nvfp4_4over6=_UNSET,
+    *,
+    fast_math: Optional[bool] = None,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """FlashInfer's ``fp4_quantize`` (NVFP4 only): :func:`nvfp4_quantize` with its layout flags.
+
+    ``input`` ``[..., K]`` (last dim contiguous); ``global_scale`` the encode scale as in
+    :func:`nvfp4_quantize` (required), or its inverse with ``is_global_scale_inversed=True`` (inverted on the
+    device, correctly rounded). The scale layout: ``is_sf_swizzled_layout`` False -> linear, else 8x4 with
+    ``is_sf_8x4_layout`` and 128x4 without. Returns ``(fp4 [..., K // 2], sf)`` with ``input``'s leading
+    dims; ``sf`` as :func:`nvfp4_quantize` returns it. MXFP4 (``sf_vec_size=32`` / ``sf_use_ue8m0=True``) and
+    a row-wise global scale (one value per row) are not provided: NotImplementedError; other sizes are
+    FlashInfer's NotImplementedError too. ``fast_math`` and the recipe switch as in :func:`nvfp4_quantize`.
+    """
+    for name, flag in (("sf_use_ue8m0", sf_use_ue8m0), ("is_sf_swizzled_layout", is_sf_swizzled_layout),
+                       ("is_sf_8x4_layout", is_sf_8x4_layout), ("is_global_scale_inversed", is_global_scale_inversed)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
+    if isinstance(sf_vec_size, bool) or sf_vec_size not in (16, 32):
+        raise NotImplementedError(f"sf_vec_size: can only be 16 or 32, got {sf_vec_size!r}")
+    if sf_vec_size == 32 or sf_use_ue8m0:
+        raise NotImplementedError("sf_vec_size=32 / sf_use_ue8m0=True: MXFP4 is not provided by gdnjit (NVFP4 only)")
+    if backend not in ("cuda", "cute-dsl"):
+        raise ValueError(f"backend: expected 'cuda' or 'cute-dsl', got {backend!r}")
+    if global_scale is None:
+        raise ValueError("global_scale: required for NVFP4 (sf_use_ue8m0=False)")
+    if isinstance(global_scale, torch.Tensor) and global_scale.numel() != 1:
+        rows = input.numel() // input.shape[-1] if isinstance(input, torch.Tensor) and input.dim() else -1
+        if global_scale.numel() == rows:
+            raise NotImplementedError("global_scale: a row-wise global scale (one value per row) is not provided by "
+                                      "gdnjit; pass one value")
+    if is_global_scale_inversed:
+        if isinstance(global_scale, torch.Tensor):
+            global_scale = torch.reciprocal(global_scale.to(torch.float32))
+        elif isinstance(global_scale, (int, float)) and not isinstance(global_scale, bool) and global_scale:
+            global_scale = 1.0 / float(global_scale)
+    layout = SfLayout.layout_linear if not is_sf_swizzled_layout else (
+        SfLayout.layout_8x4 if is_sf_8x4_layout else SfLayout.layout_128x4)
+    fp4, sf = nvfp4_quantize(input, global_scale, layout, False, 16, enable_pdl, "gdnjit",
+                             nvfp4_4over6=nvfp4_4over6, fast_math=fast_math)
+    return fp4.view(*input.shape[:-1], input.shape[-1] // 2), sf
 
 
 def dequantize_nvfp4(

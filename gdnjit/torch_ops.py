@@ -33,7 +33,7 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
         Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, Tensor? ssm_state_indices,
         bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices, bool zero_padding) -> ()
     nvfp4_quantize(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout,
-        bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend) -> (Tensor, Tensor)
+        bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend, bool fast_math) -> (Tensor, Tensor)
     causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu,
         Tensor? conv_state_indices, Tensor? num_accepted_tokens, Tensor? query_start_loc,
         int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()
@@ -102,7 +102,7 @@ SCHEMAS = (
     "Tensor? ssm_state_indices, bool disable_state_update, bool use_qk_l2norm, "
     "Tensor? output_state_indices, bool zero_padding) -> ()",
     "(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, bool do_shuffle, int sf_vec_size, "
-    "bool? enable_pdl, str backend) -> (Tensor, Tensor)",
+    "bool? enable_pdl, str backend, bool fast_math) -> (Tensor, Tensor)",
     "(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, SymInt m, "
     "SymInt k) -> Tensor",
     "(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu, Tensor? conv_state_indices, "
@@ -299,18 +299,18 @@ def _round_up(x, m):
 @torch.library.custom_op(f"{NAMESPACE}::nvfp4_quantize", mutates_args=(), schema=SCHEMAS[3])
 def _nvfp4_quantize_op(
     a: torch.Tensor, a_global_sf: Optional[torch.Tensor], a_global_sf_value: float, sfLayout: int,
-    do_shuffle: bool, sf_vec_size: int, enable_pdl: Optional[bool], backend: str,
+    do_shuffle: bool, sf_vec_size: int, enable_pdl: Optional[bool], backend: str, fast_math: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     gs = a_global_sf if a_global_sf is not None else a_global_sf_value
-    if a.device.type == "cpu" and backend == "gdnjit":
+    if a.device.type == "cpu" and backend in ("gdnjit", "cuda", "cute-dsl"):
         backend = "reference"  # no kernel on the CPU: the reference is bit-identical
     fp4, sf = _nvfp4.nvfp4_quantize(a, gs, sfLayout=sfLayout, do_shuffle=do_shuffle, sf_vec_size=sf_vec_size,
-                                    enable_pdl=enable_pdl, backend=backend)
+                                    enable_pdl=enable_pdl, backend=backend, fast_math=fast_math)
     return fp4, sf
 
 
 @_nvfp4_quantize_op.register_fake
-def _(a, a_global_sf, a_global_sf_value, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend):
+def _(a, a_global_sf, a_global_sf_value, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, fast_math):
     K = a.shape[-1]
     M = a.numel() // K
     n = K // 16
@@ -339,12 +339,17 @@ def _(fp4, sf, a_global_sf, a_global_sf_value, sfLayout, m, k):
 
 
 def nvfp4_quantize(a: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle: bool = False,
-                   sf_vec_size: int = 16, enable_pdl: Optional[bool] = None,
-                   backend: str = "gdnjit") -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gdnjit.nvfp4_quantize` through ``torch.ops.gdnjit``; returns ``(fp4, sf)``."""
+                   sf_vec_size: int = 16, enable_pdl: Optional[bool] = None, backend: str = "gdnjit",
+                   per_token_activation: bool = False, expanded_idx_to_permuted_idx: Optional[torch.Tensor] = None,
+                   out_scale: Optional[torch.Tensor] = None, nvfp4_4over6=_nvfp4._UNSET, *,
+                   fast_math: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`gdnjit.nvfp4_quantize` through ``torch.ops.gdnjit``; returns ``(fp4, sf)``. The recipe switch
+    (``fast_math`` or FlashInfer's environment variable) is read here, per call, and passed to the op."""
+    _nvfp4._check_flashinfer_extras(per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6)
+    fast = _nvfp4._recipe(fast_math, getattr(a, "dtype", None)) == "fast"
     t, value = _split_global_sf(a_global_sf)
     layout = int(_nvfp4._layout(sfLayout))
-    return torch.ops.gdnjit.nvfp4_quantize(a, t, value, layout, do_shuffle, sf_vec_size, enable_pdl, backend)
+    return torch.ops.gdnjit.nvfp4_quantize(a, t, value, layout, do_shuffle, sf_vec_size, enable_pdl, backend, fast)
 
 
 def dequantize_nvfp4(fp4: torch.Tensor, sf: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,

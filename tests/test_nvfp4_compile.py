@@ -5,6 +5,8 @@ formula of the template equals the reference's rounding (a float64 emulation of 
 
 from __future__ import annotations
 
+import itertools
+
 import collections
 import concurrent.futures
 import time
@@ -52,8 +54,10 @@ def all_selectable_variants() -> list[Variant]:
         for in_dtype in SPEC.allowed("in_dtype"):
             for layout in SPEC.allowed("sf_layout"):
                 for K in K_SAMPLE:
-                    for pdl in (False, True):
-                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl)
+                    # the exact recipe changes only the scale arithmetic: two K values compile it too
+                    recipes = ("fast", "exact") if in_dtype != "fp8e4m3" and K in (64, 7168) else ("fast",)
+                    for pdl, recipe in itertools.product((False, True), recipes):
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl, recipe=recipe)
                         for tun in selectable_tunables(params):
                             variants.append(Variant.make(SPEC, params, tun, arch))
     return variants
@@ -79,7 +83,7 @@ def test_k_changes_only_the_constants(arch, hw):
                 for tun in SPEC.all_tunable_choices():
                     sources = []
                     for K in (64, 28672):  # both valid for every blocks_per_thread
-                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl)
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl, recipe="fast")
                         assert not SPEC.violations(params, tun)
                         sources.append(Variant.make(SPEC, params, tun, arch).source().splitlines())
                     a, b = sources
@@ -114,7 +118,7 @@ def test_rules_pick_valid_variants_and_grid_covers_the_padded_rows():
             for layout in SPEC.allowed("sf_layout"):
                 for K in (16, 48, 64, 2048, 7168, 28672):
                     for M in (1, 3, 127, 128, 1000, 4096, 70000):
-                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=False, pdl=False)
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=False, pdl=False, recipe="fast")
                         tun, _ = dispatch.select(SPEC, params, dict(M=M, num_sms=num_sms))
                         assert tun in selectable_tunables(params)
                         values = SPEC.variant_values(params, tun)
@@ -156,7 +160,7 @@ def test_thread_mapping_writes_every_scale_byte_once(layout):
             table = sf_offsets(rows, cols, layout).numpy()
             for tun in SPEC.all_tunable_choices():
                 bpt, threads = tun["blocks_per_thread"], tun["threads"]
-                params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False, pdl=False)
+                params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False, pdl=False, recipe="fast")
                 if SPEC.violations(params, tun):
                     continue
                 values = SPEC.variant_values(params, tun)
@@ -176,7 +180,7 @@ def test_thread_mapping_writes_every_scale_byte_once(layout):
 
 
 def test_small_m_uses_small_ctas():
-    params = dict(in_dtype="bf16", sf_layout="128x4", K=7168, hw_e2m1=False, pdl=False)
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=7168, hw_e2m1=False, pdl=False, recipe="fast")
     small, _ = dispatch.select(SPEC, params, dict(M=1, num_sms=132))
     large, _ = dispatch.select(SPEC, params, dict(M=16384, num_sms=132))
     assert small["blocks_per_thread"] == 1 and small["threads"] == 64
@@ -184,7 +188,7 @@ def test_small_m_uses_small_ctas():
 
 
 def test_hw_instruction_only_in_hw_variants():
-    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, pdl=False)
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, pdl=False, recipe="fast")
     tun = dict(blocks_per_thread=1, threads=128)
     sw = Variant.make(SPEC, dict(params, hw_e2m1=False), tun, "sm_90").source()
     hw = Variant.make(SPEC, dict(params, hw_e2m1=True), tun, "sm_100a").source()
@@ -197,7 +201,7 @@ def test_hw_instruction_only_in_hw_variants():
 def test_pdl_wait_before_any_memory_access_from_sm_90():
     """The pdl variant waits for the previous grid (griddepcontrol.wait) before any global access;
     the other variants have no griddepcontrol at all; sm_89 has no such instruction."""
-    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True)
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True, recipe="fast")
     tun = dict(blocks_per_thread=1, threads=128)
     src = Variant.make(SPEC, params, tun, "sm_90").source()
     body = src[src.index("(const Args p) {"):]
@@ -215,7 +219,7 @@ def test_pdl_wait_before_any_memory_access_from_sm_90():
 def test_other_targets_compile(arch):
     hw = arch != "sm_89"
     for in_dtype in SPEC.allowed("in_dtype"):
-        meta = Variant.make(SPEC, dict(in_dtype=in_dtype, sf_layout="128x4", K=7168, hw_e2m1=hw, pdl=False),
+        meta = Variant.make(SPEC, dict(in_dtype=in_dtype, sf_layout="128x4", K=7168, hw_e2m1=hw, pdl=False, recipe="fast"),
                             dict(blocks_per_thread=2, threads=256), arch).build().meta
         assert meta["spill_bytes"] == 0 and not meta["warnings"]
 

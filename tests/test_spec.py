@@ -1159,7 +1159,7 @@ def test_param_domain_accepts_values_beyond_the_list():
     for bad in (8, 7688, 0, -16, 2**20 + 16, 7680.0, True, "7680", None):
         assert not spec.accepts("K", bad), bad
     assert not spec.accepts("in_dtype", "fp64") and spec.accepts("in_dtype", "bf16")
-    base = dict(in_dtype="bf16", sf_layout="linear", hw_e2m1=False, pdl=False)
+    base = dict(in_dtype="bf16", sf_layout="linear", hw_e2m1=False, pdl=False, recipe="fast")
     spec.check_params(dict(base, K=7680))
     with pytest.raises(ValueError, match=r"param K must be one of \[16, .*\] or an integer with K % 16 == 0"):
         spec.check_params(dict(base, K=7688))

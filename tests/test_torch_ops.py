@@ -195,8 +195,8 @@ def test_opcheck_nvfp4(layout):
     g = torch.Generator().manual_seed(layout)
     a = (torch.randn(37, 64, generator=g) * 3).to(torch.bfloat16)
     gs = torch.tensor([448.0 * 6 / 12.0])
-    torch.library.opcheck(raw("nvfp4_quantize"), (a, gs, 1.0, layout, False, 16, None, "gdnjit"))
-    torch.library.opcheck(raw("nvfp4_quantize"), (a, None, 7.5, layout, False, 16, None, "reference"))
+    torch.library.opcheck(raw("nvfp4_quantize"), (a, gs, 1.0, layout, False, 16, None, "gdnjit", True))
+    torch.library.opcheck(raw("nvfp4_quantize"), (a, None, 7.5, layout, False, 16, None, "reference", False))
     fp4, sf = ops.nvfp4_quantize(a, gs, layout)
     torch.library.opcheck(raw("dequantize_nvfp4"), (fp4, sf, gs, 1.0, layout, 37, 64))
 

@@ -118,7 +118,11 @@ def _check_k(k, name: str) -> int:
     return k
 
 
-def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4):
+RECIPES = ("fast", "exact")
+"""FlashInfer's two NVFP4 recipes (see :func:`quantize_reference`)."""
+
+
+def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4, recipe: str = "fast"):
     """Quantize activations to NVFP4 exactly as the kernels must (see the module docstring).
 
     Args:
@@ -128,6 +132,12 @@ def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4)
         global_sf: the global scale ``gs``: a Python number or a one-element tensor; rounded to
             float32, which must be finite and > 0.
         layout: SF layout (:class:`SfLayout`, its int value or its name).
+        recipe: ``"fast"`` (FlashInfer's default): ``sf = e4m3(gs * (amax * (1/6)))``, ``out_scale = 0 if
+            sf == 0 else 1 / (sf * (1 / gs))``; ``"exact"`` (FlashInfer's ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH=1``,
+            TransformerEngine's reference): ``sf = e4m3(amax * (gs * (1/6)))``, ``out_scale = min(1 / (sf * (1 / gs)),
+            FLT_MAX)`` (NaN: FLT_MAX). float8_e4m3fn input is quantized as FlashInfer does, whatever ``recipe``: each element
+            is first pre-scaled, ``x = fp16_rne(x * (6 * (1 / gs)))``, and ``out_scale = 0 if gs * (amax * (1/6)) == 0
+            else gs * (1 / sf)`` (so dequantizing gives back ``x_fp8 * 6 / gs``).
     Returns:
         ``(fp4, sf)``: ``fp4`` uint8 ``[M, K // 2]``, element ``2i`` in the low nibble and
         ``2i + 1`` in the high nibble; ``sf`` uint8 ``[padded_rows, padded_cols]`` (see
@@ -154,9 +164,15 @@ def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4)
     k = a.shape[-1]
     if k <= 0 or k % BLOCK:
         raise ValueError(f"a: expected the last dim K to be a positive multiple of {BLOCK}, got K={k}")
+    if recipe not in RECIPES:
+        raise ValueError(f"recipe: expected one of {list(RECIPES)}, got {recipe!r}")
+    fp8 = a.dtype == torch.float8_e4m3fn  # always the fast recipe (FlashInfer's switch does not apply to fp8)
     gs = _global_sf_tensor(global_sf, a.device)
+    rgs = torch.reciprocal(gs)
 
     x = a.detach().reshape(-1, k).to(torch.float32)
+    if fp8:  # FlashInfer's pre-scale: fp8 values are taken as x * gs / 6
+        x = (x * (rgs * 6.0)).to(torch.float16).to(torch.float32)
     m, n = x.shape[0], k // BLOCK
     blocks = x.view(m, n, BLOCK)
 
@@ -165,10 +181,20 @@ def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4)
     amax = torch.where(amax < 0, torch.full_like(amax, float("nan")), amax)  # all-NaN block
 
     one_sixth = torch.tensor(1.0 / 6.0, dtype=torch.float32, device=a.device)
-    sf_bits = e4m3_satfinite_rne(gs * (amax * one_sixth))
-    sf_val = e4m3_decode(sf_bits)
-    rgs = torch.reciprocal(gs)
-    out_scale = torch.where(sf_val == 0, torch.zeros_like(sf_val), torch.reciprocal(sf_val * rgs))
+    if recipe == "exact" and not fp8:
+        sf_bits = e4m3_satfinite_rne(amax * (gs * one_sixth))
+        sf_val = e4m3_decode(sf_bits)
+        out_scale = torch.fmin(torch.reciprocal(sf_val * rgs), torch.tensor(torch.finfo(torch.float32).max,
+                                                                             device=a.device))
+    elif fp8:
+        sf_unrounded = gs * (amax * one_sixth)
+        sf_bits = e4m3_satfinite_rne(sf_unrounded)
+        sf_val = e4m3_decode(sf_bits)
+        out_scale = torch.where(sf_unrounded == 0, torch.zeros_like(sf_val), gs * torch.reciprocal(sf_val))
+    else:
+        sf_bits = e4m3_satfinite_rne(gs * (amax * one_sixth))
+        sf_val = e4m3_decode(sf_bits)
+        out_scale = torch.where(sf_val == 0, torch.zeros_like(sf_val), torch.reciprocal(sf_val * rgs))
 
     codes = e2m1_satfinite_rne(blocks * out_scale.unsqueeze(-1)) & 0x7
     codes |= torch.signbit(blocks).to(torch.uint8) << 3  # the sign of x, NaN products included

@@ -63,9 +63,9 @@ def global_scale(a: torch.Tensor, mode: str):
     return 2.0 ** -30                         # "tiny": most scales round to 0 (codes 0x0 / 0x8)
 
 
-def run_poisoned(a, gs, layout):
+def run_poisoned(a, gs, layout, recipe="fast"):
     """The public call's exact path (validation, allocation, dispatch, launch) with 0xFF-filled outputs."""
-    fp4, sf, call = nvfp4._prepare(a, gs, layout)
+    fp4, sf, call = nvfp4._prepare(a, gs, layout, recipe=recipe)
     fp4.fill_(0xFF)
     sf.fill_(0xFF)
     if call is not None:
@@ -95,7 +95,9 @@ def test_matches_reference_bit_exact(dtype, layout, M, K):
     a = make_input(M, K, dtype, seed=1000 + i)
     for mode in (GS_MODES[i % 2], GS_MODES[2 + (i // 2) % 2]):  # a recipe scale and an extreme one
         gs = global_scale(a, mode)
-        check(run_poisoned(a, gs, layout), quantize_reference(a, gs, layout), f"{dtype} {layout.name} M={M} K={K} {mode}")
+        for recipe in ("fast", "exact"):
+            check(run_poisoned(a, gs, layout, recipe), quantize_reference(a, gs, layout, recipe),
+                  f"{dtype} {layout.name} M={M} K={K} {mode} {recipe}")
 
 
 UNLISTED_K = [(64, 7680), (5, 80), (130, 16 * 997), (3, 2**20)]  # not in the spec's K list: compiled on first use
@@ -128,11 +130,11 @@ def test_special_values_cpu_reference():
             a[5, 7] = float("inf")                                # Inf: sf 448, code 7
             a[6, 40] = -float("inf")
         a = a.to(DTYPES[dtype]).cuda()
-        for layout in LAYOUTS:
+        for layout, recipe in itertools.product(LAYOUTS, ("fast", "exact")):
             for gs in (1.0, 448.0 * 6.0 / 1000.0, torch.tensor([0.37], device="cuda")):
-                got = run_poisoned(a, gs, layout)
-                ref = quantize_reference(a.cpu(), gs.cpu() if isinstance(gs, torch.Tensor) else gs, layout)
-                check(tuple(t.cpu() for t in got), ref, f"specials {dtype} {layout.name} gs={gs}")
+                got = run_poisoned(a, gs, layout, recipe)
+                ref = quantize_reference(a.cpu(), gs.cpu() if isinstance(gs, torch.Tensor) else gs, layout, recipe)
+                check(tuple(t.cpu() for t in got), ref, f"specials {dtype} {layout.name} gs={gs} {recipe}")
 
 
 def test_public_api_strided_and_batched_inputs():
@@ -158,7 +160,7 @@ def test_every_tunable_matches():
         gs = global_scale(a, "recipe-float")
         ref = quantize_reference(a, gs, layout)
         params = dict(in_dtype={"fp8": "fp8e4m3"}.get(dtype, dtype), sf_layout=nvfp4._LAYOUT_PARAM[layout], K=K,
-                      hw_e2m1=hw, pdl=False)
+                      hw_e2m1=hw, pdl=False, recipe="fast")
         for tun, pdl in itertools.product(spec.all_tunable_choices(), (False, True)):
             params["pdl"] = pdl
             if spec.violations(params, tun):
@@ -261,3 +263,36 @@ def test_runs_on_the_current_stream():
         got = gdnjit.nvfp4_quantize(a, 1.5)
     side.synchronize()
     check(got, ref, "side stream")
+
+
+TE_SHAPES = [(1, 64), (1, 1024), (3, 128), (16, 64), (64, 128), (128, 64), (256, 128), (512, 256), (128, 1024),
+             (1024, 2048), (128, 16384)]
+
+
+@pytest.mark.parametrize("init", ["random", "boundary", "zeros", "maxes"])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_exact_recipe_matches_the_transformer_engine_formula(dtype, init, monkeypatch):
+    """FlashInfer's test_nvfp4_quantize_te_reference cases (its shapes, layouts and data kinds), selected the way
+    FlashInfer selects the recipe (FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH=1, read per call), against the TE
+    formula written independently (tests/te_nvfp4.py): codes and scale bytes, padding included."""
+    from te_nvfp4 import te_quantize
+
+    monkeypatch.setenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "1")
+    for (M, K), layout in itertools.product(TE_SHAPES, LAYOUTS):
+        g = torch.Generator(device="cuda").manual_seed(M * 31 + K)
+        dt = DTYPES[dtype]
+        if init == "random":
+            x = torch.randn(M, K, device="cuda", generator=g).to(dt)
+            x[0] = 0
+        elif init == "boundary":
+            base = torch.linspace(-12, 12, K, device="cuda").repeat(M, 1)
+            x = (base + (torch.rand(M, K, device="cuda", generator=g) * 2e-3 - 1e-3)).to(dt)
+        elif init == "zeros":
+            x = torch.zeros(M, K, device="cuda", dtype=dt)
+        else:
+            x = torch.full((M, K), torch.finfo(dt).max, device="cuda", dtype=dt)
+        amax = x.float().abs().max()
+        gs = torch.clamp(448.0 * 6.0 / amax, max=torch.finfo(torch.float32).max).reshape(())
+        gs = torch.where(gs == 0, torch.ones_like(gs), gs)
+        got = gdnjit.nvfp4_quantize(x, gs, layout)
+        check(got, te_quantize(x, gs, layout), f"TE {dtype} {init} M={M} K={K} {layout.name}")

@@ -39,7 +39,7 @@ def test_valid_call_params_and_args():
     fp4, sf, call = prep(a, 2.0)
     assert fp4.shape == (5, 32) and fp4.dtype == torch.uint8
     assert sf.shape == (128, 4) and sf.dtype == torch.uint8
-    assert call.params == dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True)
+    assert call.params == dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True, recipe="fast")
     assert call.facts == {"M": 5} and call.device == 0 and call.pdl is True
     named = call.args
     assert named["x"] == a.data_ptr() and named["q"] == fp4.data_ptr() and named["sf"] == sf.data_ptr()
@@ -123,9 +123,8 @@ _BAD = [
     (dict(a=torch.randn(4, 80, dtype=torch.bfloat16)[:, 4:68]), ValueError, "a: data pointer must be 16-byte aligned"),
     (dict(a=torch.randn(4, 68, dtype=torch.bfloat16)[:, :64]), ValueError, "a: stride of dim 0 must be a multiple of 16"),
     (dict(gs=torch.tensor([1.0, 2.0])), ValueError, "a_global_sf: expected a one-element tensor"),
-    (dict(gs=torch.tensor([1.0], dtype=torch.float64)), TypeError, "a_global_sf: expected dtype float32"),
-    (dict(gs=torch.tensor([1], dtype=torch.int32)), TypeError, "a_global_sf: expected dtype float32"),
-    (dict(gs=torch.empty(1, device="meta")), ValueError, "a_global_sf: expected a tensor on cpu (like a)"),
+    (dict(gs=torch.tensor([1], dtype=torch.int32)), TypeError, "a_global_sf: expected a float dtype, got int32"),
+    (dict(gs=torch.empty(1, device="meta")), ValueError, "a_global_sf: expected a tensor with a value"),
     (dict(gs="1.0"), TypeError, "a_global_sf: expected a one-element float32 tensor or a Python float"),
     (dict(gs=None), TypeError, "a_global_sf: expected"),
     (dict(gs=True), TypeError, "a_global_sf: expected"),
@@ -147,7 +146,8 @@ _BAD = [
     (dict(do_shuffle=1), TypeError, "do_shuffle: expected a bool"),
     (dict(enable_pdl=1), TypeError, "enable_pdl: expected None or a bool"),
     (dict(enable_pdl="yes"), TypeError, "enable_pdl: expected None or a bool"),
-    (dict(backend="cutlass"), ValueError, "backend: expected one of ['gdnjit', 'reference']"),
+    (dict(backend="cutlass"), ValueError, "backend: expected one of ['gdnjit', 'cuda', 'cute-dsl', 'reference']"),
+    (dict(backend="cake"), NotImplementedError, "backend='cake'"),
     (dict(backend=None), ValueError, "backend: expected one of"),
     (dict(arch="sm_80"), ValueError, "compute capability 8.9"),
     (dict(arch="sm_86"), ValueError, "compute capability 8.9"),
@@ -234,3 +234,82 @@ def test_too_many_rows_for_32_bit_offsets():
     with pytest.raises(ValueError) as info:
         prep(torch.zeros(1, K, dtype=torch.bfloat16).expand(rows, K), sfLayout=SfLayout.layout_linear)
     assert "too many for one call" in str(info.value) and f"{rows} rows of K={K}" in str(info.value)
+
+
+def test_global_scale_of_another_float_dtype_is_converted():
+    """FlashInfer converts a bf16 / fp16 / fp64 global scale to float32 on the input's device (issue #3398 there);
+    so does gdnjit: the kernel then reads the converted copy."""
+    for dt in (torch.bfloat16, torch.float16, torch.float64):
+        gs = torch.tensor([3.0], dtype=dt)
+        call = prep(torch.randn(5, 64, dtype=torch.bfloat16), gs)[2]
+        assert call.args["gs_ptr"] != 0 and call.args["gs_ptr"] != gs.data_ptr()
+    zero_dim = torch.tensor(3.0)
+    assert prep(torch.randn(5, 64, dtype=torch.bfloat16), zero_dim)[2].args["gs_ptr"] == zero_dim.data_ptr()
+
+
+def test_recipe_switch_follows_flashinfer(monkeypatch):
+    """fast unless FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH (or TRTLLM_...) is exactly "1", read per call; the
+    explicit fast_math argument wins; fp8 input is always fast."""
+    seen = []
+    monkeypatch.setattr(nvfp4, "_prepare", lambda *a, **kw: seen.append(kw["recipe"]) or (None, None, None))
+    a = torch.randn(5, 64, dtype=torch.bfloat16)
+    for env, want in ((None, "fast"), ("1", "exact"), ("true", "fast"), ("0", "fast")):
+        monkeypatch.delenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", raising=False)
+        if env is not None:
+            monkeypatch.setenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", env)
+        nvfp4.nvfp4_quantize(a, 1.0)
+        assert seen[-1] == want, env
+    monkeypatch.delenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH")
+    monkeypatch.setenv("TRTLLM_DISABLE_FP4_QUANT_FAST_MATH", "1")
+    nvfp4.nvfp4_quantize(a, 1.0)
+    assert seen[-1] == "exact"
+    nvfp4.nvfp4_quantize(a, 1.0, fast_math=True)
+    assert seen[-1] == "fast"
+    monkeypatch.delenv("TRTLLM_DISABLE_FP4_QUANT_FAST_MATH")
+    nvfp4.nvfp4_quantize(a, 1.0, fast_math=False)
+    assert seen[-1] == "exact"
+    nvfp4.nvfp4_quantize(a.to(torch.float8_e4m3fn), 1.0, fast_math=False)
+    assert seen[-1] == "fast"
+    with pytest.raises(TypeError, match="fast_math: expected None or a bool"):
+        nvfp4.nvfp4_quantize(a, 1.0, fast_math=1)
+
+
+@pytest.mark.parametrize("kw,exc,needle", [
+    (dict(per_token_activation=True), NotImplementedError, "per_token_activation"),
+    (dict(per_token_activation=1), TypeError, "per_token_activation: expected a bool"),
+    (dict(expanded_idx_to_permuted_idx=torch.zeros(5, dtype=torch.int32)), ValueError, "expanded_idx_to_permuted_idx"),
+    (dict(out_scale=torch.ones(1)), ValueError, "out_scale: only with per_token_activation"),
+    (dict(nvfp4_4over6=object()), NotImplementedError, "nvfp4_4over6"),
+])
+def test_flashinfer_extras_refused_with_a_reason(kw, exc, needle):
+    a = torch.randn(5, 64, dtype=torch.bfloat16)
+    with pytest.raises(exc, match=needle):
+        nvfp4.nvfp4_quantize(a, 1.0, **kw)
+
+
+def test_fp4_quantize_maps_flashinfers_flags(monkeypatch):
+    seen = []
+
+    def fake(a, gs, layout, shuffle, vec, pdl, backend, **kw):
+        seen.append((layout, gs, kw["fast_math"]))
+        return torch.zeros(a.numel() // a.shape[-1], a.shape[-1] // 2, dtype=torch.uint8), torch.zeros(1)
+
+    monkeypatch.setattr(nvfp4, "nvfp4_quantize", fake)
+    x = torch.randn(2, 3, 64, dtype=torch.bfloat16)
+    gs = torch.tensor([4.0])
+    fp4, _ = nvfp4.fp4_quantize(x, gs)
+    assert fp4.shape == (2, 3, 32) and seen[-1][0] == SfLayout.layout_128x4
+    nvfp4.fp4_quantize(x, gs, 16, False, True, True)
+    assert seen[-1][0] == SfLayout.layout_8x4
+    nvfp4.fp4_quantize(x, gs, 16, False, False, fast_math=False)
+    assert seen[-1][0] == SfLayout.layout_linear and seen[-1][2] is False
+    nvfp4.fp4_quantize(x, gs, is_global_scale_inversed=True)
+    assert float(seen[-1][1]) == 0.25
+    for kw, exc, needle in ((dict(sf_vec_size=32), NotImplementedError, "MXFP4"),
+                            (dict(sf_use_ue8m0=True), NotImplementedError, "MXFP4"),
+                            (dict(sf_vec_size=8), NotImplementedError, "sf_vec_size: can only be 16 or 32"),
+                            (dict(backend="gdnjit"), ValueError, "backend: expected 'cuda' or 'cute-dsl'"),
+                            (dict(global_scale=None), ValueError, "global_scale: required"),
+                            (dict(global_scale=torch.ones(6)), NotImplementedError, "row-wise global scale")):
+        with pytest.raises(exc, match=needle):
+            nvfp4.fp4_quantize(x, **dict(dict(global_scale=gs), **kw))

@@ -32,7 +32,17 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float8_e4m3fn]
 
 
 def f32(v: float) -> float:
-    return struct.unpack("f", struct.pack("f", v))[0]
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:  # beyond float32: rounds to inf
+        return math.copysign(math.inf, v)
+
+
+def f16(v: float) -> float:
+    try:
+        return struct.unpack("e", struct.pack("e", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
 
 
 def _e4m3_value(code: int) -> float:
@@ -63,14 +73,33 @@ def e2m1_code_scalar(y: float, negative: bool) -> int:
     return mag | (8 if negative else 0)
 
 
-def quantize_block_scalar(block: list[float], gs: float) -> tuple[int, list[int]]:
-    """Scalar NVFP4 of one 16-element block (finite values): (sf byte, 16 codes)."""
+FLT_MAX = f32(3.4028234663852886e38)
+
+
+def quantize_block_scalar(block: list[float], gs: float, recipe: str = "fast", fp8: bool = False) -> tuple[int, list[int]]:
+    """Scalar NVFP4 of one 16-element block (finite values): (sf byte, 16 codes). Written from the formulas of
+    docs/design.md section 5, one float32 rounding per operation: FlashInfer's fast and exact (TransformerEngine)
+    recipes, and its fp8 path (pre-scale to fp16, fast recipe, out_scale gs * (1 / sf))."""
+    rgs = f32(1.0 / gs)
+    if fp8:
+        pre = f32(6.0 * rgs)
+        block = [f16(f32(v * pre)) for v in block]
     amax = max(abs(v) for v in block)
-    sf_f = f32(gs * f32(amax * f32(1.0 / 6.0)))
+    sixth = f32(1.0 / 6.0)
+    exact = recipe == "exact" and not fp8
+    sf_f = f32(amax * f32(gs * sixth)) if exact else f32(gs * f32(amax * sixth))
     sf_code = nearest_even_code(E4M3_POS, min(sf_f, 448.0))
     sf_v = E4M3_POS[sf_code]
-    out_scale = 0.0 if sf_v == 0 else f32(1.0 / f32(sf_v * f32(1.0 / gs)))
-    codes = [e2m1_code_scalar(f32(v * out_scale), math.copysign(1.0, v) < 0) for v in block]
+    if exact:
+        out_scale = FLT_MAX if sf_v == 0 else min(f32(1.0 / f32(sf_v * rgs)), FLT_MAX)
+    elif fp8:
+        out_scale = 0.0 if sf_f == 0 else (math.inf if sf_v == 0 else f32(gs * f32(1.0 / sf_v)))
+    else:
+        out_scale = 0.0 if sf_v == 0 else f32(1.0 / f32(sf_v * rgs))
+    codes = []
+    for v in block:
+        y = v * out_scale if not (v == 0 and math.isinf(out_scale)) else math.nan  # 0 * inf: NaN, as on the GPU
+        codes.append(e2m1_code_scalar(f32(y) if not math.isnan(y) else y, math.copysign(1.0, v) < 0))
     return sf_code, codes
 
 
@@ -359,14 +388,15 @@ def _data(m: int, k: int, seed: int) -> torch.Tensor:
     return x
 
 
-def _check_against_scalar(x: torch.Tensor, gs: float, fp4, sf, layout, max_blocks: int = 48):
+def _check_against_scalar(x: torch.Tensor, gs: float, fp4, sf, layout, max_blocks: int = 48, recipe: str = "fast"):
     m, k = x.shape
     codes, sfs = unpack_codes(fp4), gathered_sf(sf, m, k, layout)
     xs, n = x.float(), k // 16
     g = torch.Generator().manual_seed(m * 7919 + k)
     for idx in torch.randperm(m * n, generator=g)[:max_blocks].tolist():
         r, c = divmod(idx, n)
-        want_sf, want_codes = quantize_block_scalar(xs[r, 16 * c:16 * c + 16].tolist(), f32(gs))
+        want_sf, want_codes = quantize_block_scalar(xs[r, 16 * c:16 * c + 16].tolist(), f32(gs), recipe,
+                                                    fp8=x.dtype == torch.float8_e4m3fn)
         assert sfs[r, c] == want_sf
         assert codes[r, 16 * c:16 * c + 16].tolist() == want_codes
 
@@ -389,18 +419,22 @@ def _check_round_trip(x: torch.Tensor, gs: float, fp4, sf, layout):
     assert bool((xf.abs()[zero_sf] <= 6 * 2.0**-10 / gs32 * 1.001).all())
 
 
+@pytest.mark.parametrize("recipe", ["fast", "exact"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("m", [1, 3, 127, 129])
 @pytest.mark.parametrize("k", [16, 48, 2048])
-def test_shapes_layouts_dtypes(dtype, layout, m, k):
+def test_shapes_layouts_dtypes(dtype, layout, m, k, recipe):
     x = _data(m, k, seed=m + k).to(dtype)
     gs = 448.0 * 6.0 / float(x.float().abs().max())
-    fp4, sf = quantize_reference(x, gs, layout)
+    fp4, sf = quantize_reference(x, gs, layout, recipe)
     assert fp4.shape == (m, k // 2) and fp4.dtype == torch.uint8
     assert sf.shape == padded_sf_shape(m, k // 16, layout) and sf.dtype == torch.uint8
-    _check_against_scalar(x, gs, fp4, sf, layout)
-    _check_round_trip(x, gs, fp4, sf, layout)
+    _check_against_scalar(x, gs, fp4, sf, layout, recipe=recipe)
+    if dtype == torch.float8_e4m3fn:  # FlashInfer's fp8 path: the data dequantize to x * 6 / gs
+        _check_round_trip((x.float() * f32(6.0 * f32(1.0 / gs))).half(), gs, fp4, sf, layout)
+    else:
+        _check_round_trip(x, gs, fp4, sf, layout)
 
 
 @pytest.mark.parametrize("gs", [1.0, 1e-3, 7.5, 1e4])
@@ -413,7 +447,7 @@ def test_round_trip_various_global_scales(gs):
 
 def test_input_dtypes_agree_with_their_fp32_values():
     x = _data(16, 64, seed=3)
-    for dtype in DTYPES:
+    for dtype in (torch.float16, torch.bfloat16):  # fp8 input is pre-scaled first (FlashInfer's fp8 path)
         xd = x.to(dtype)
         a = quantize_reference(xd, 3.0, "8x4")
         b = quantize_reference(xd.float(), 3.0, "8x4")
@@ -527,3 +561,35 @@ def test_bad_dequantize_arguments():
         dequantize_reference(fp4, sf, 1.0, 0, -2, 32)
     with pytest.raises(TypeError, match=r"^m: "):
         sf_offsets(1.5, 2)
+
+
+@pytest.mark.parametrize("init", ["random", "boundary", "zeros", "maxes", "spread"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_exact_recipe_equals_the_transformer_engine_formula(dtype, init):
+    """quantize_reference(recipe="exact") against the TE formula written independently (te_nvfp4.py), on
+    FlashInfer's TE-test data kinds and a log-spread of block maxima."""
+    from te_nvfp4 import te_quantize
+
+    g = torch.Generator().manual_seed(1)
+    M, K = 64, 256
+    if init == "random":
+        x = torch.randn(M, K, generator=g)
+        x[0] = 0
+    elif init == "boundary":
+        x = torch.linspace(-12, 12, K).repeat(M, 1) + (torch.rand(M, K, generator=g) * 2e-3 - 1e-3)
+    elif init == "zeros":
+        x = torch.zeros(M, K)
+    elif init == "maxes":
+        x = torch.full((M, K), torch.finfo(dtype).max)
+    else:
+        x = torch.randn(M, K // 16, 16, generator=g) * torch.exp2(torch.randint(-20, 12, (M, K // 16, 1),
+                                                                                 generator=g).float())
+        x = x.view(M, K)
+    x = x.to(dtype)
+    amax = x.float().abs().max()
+    gs = torch.clamp(448.0 * 6.0 / amax, max=torch.finfo(torch.float32).max)
+    gs = torch.where(gs == 0, torch.ones_like(gs), gs)
+    for layout in LAYOUTS:
+        got = quantize_reference(x, gs, layout, "exact")
+        want = te_quantize(x, gs, layout)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (init, layout)

@@ -1,0 +1,184 @@
+"""Bitwise invariance of the GDN ops on the GPU (issue 25; run on the device: pytest -m gpu).
+
+For the same request data and shapes, outputs and states must be bit-identical whether the per-token states are
+written through ``ssm_state_indices`` or a dense intermediate buffer (FlashInfer's scatter-vs-dense test), whether
+q / k / v are slices of one packed projection or contiguous tensors, whatever the request's row in the batch, and,
+in batch-invariant mode (GDNJIT_BATCH_INVARIANT=1), whatever else is batched with it. Also FlashInfer's padding
+conventions: a caller's output rows of padding requests are left as they were at T > 1, zeroed at T = 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import gdnjit
+from gdnjit import config as gconfig
+from gdnjit.reference.gdn import gdn_reference
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+
+
+def _inputs(B, T, H, HV, K, V, seed, packed=False):
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    bf = torch.bfloat16
+    if packed:  # q, k, v as views of one [B, T, 2 H K + HV V] projection (a fused qkv GEMM's output)
+        proj = torch.randn(B, T, 2 * H * K + HV * V, device=DEV, dtype=bf, generator=g)
+        q = proj[..., :H * K].unflatten(-1, (H, K))
+        k = proj[..., H * K:2 * H * K].unflatten(-1, (H, K))
+        v = proj[..., 2 * H * K:].unflatten(-1, (HV, V))
+    else:
+        q = torch.randn(B, T, H, K, device=DEV, dtype=bf, generator=g)
+        k = torch.randn(B, T, H, K, device=DEV, dtype=bf, generator=g)
+        v = torch.randn(B, T, HV, V, device=DEV, dtype=bf, generator=g)
+    a = torch.randn(B, T, HV, device=DEV, dtype=bf, generator=g)
+    b = torch.randn(B, T, HV, device=DEV, dtype=bf, generator=g)
+    A_log = torch.rand(HV, device=DEV, generator=g)
+    dt_bias = torch.randn(HV, device=DEV, generator=g)
+    return q, k, v, A_log, a, dt_bias, b
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [2, 4, 8])
+@pytest.mark.parametrize("B", [1, 4, 16, 64, 128])
+def test_scatter_and_dense_buffer_are_bit_identical(B, T, state_dtype):
+    """FlashInfer's test_gdn_decode_fp32_state_fla_scatter_vs_dense (H = 16, HV = 64, K = V = 128, pool of
+    B (T + 1) slots, ssm_state_indices = arange(B, B + B T)): every per-token state and output equal bit for bit,
+    and the dense run's final writeback equals its last buffered state."""
+    H, HV, K, V = 16, 64, 128, 128
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=B * 100 + T)
+    pool0 = torch.randn(B * (T + 1), HV, V, K, device=DEV).to(state_dtype)
+    idx = torch.arange(B, device=DEV, dtype=torch.int32)
+    pool_d, pool_s = pool0.clone(), pool0.clone()
+    buf = torch.full((B, T, HV, V, K), float("nan"), device=DEV, dtype=state_dtype)
+    out_d, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool_d, idx, A_log, a, dt_bias, b, intermediate_states_buffer=buf,
+                                           disable_state_update=False)
+    ssm = torch.arange(B, B + B * T, device=DEV, dtype=torch.int32).reshape(B, T)
+    out_s, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool_s, idx, A_log, a, dt_bias, b, ssm_state_indices=ssm,
+                                           disable_state_update=False)
+    torch.cuda.synchronize()
+    assert torch.equal(out_d, out_s)
+    assert torch.equal(pool_s[ssm.flatten().long()], buf.flatten(0, 1))
+    assert torch.equal(pool_d[:B], buf[:, T - 1])  # the final writeback is the last stored state
+    ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, pool0.double(), read_indices=idx,
+                        intermediate=torch.zeros(B, T, HV, V, K, dtype=torch.float64, device=DEV))
+    tol = 2e-3 if state_dtype == torch.float32 else 2e-2
+    assert (out_d.double() - ref.output).norm() / ref.output.norm() < tol
+    assert (buf.double() - ref.intermediate).norm() / ref.intermediate.norm() < tol
+
+
+@pytest.mark.parametrize("api", ["pretranspose", "mtp"])
+@pytest.mark.parametrize("T", [1, 3, 8])
+def test_packed_qkv_and_batch_position_do_not_change_bits(api, T):
+    """q / k / v as strided views of one projection vs contiguous copies, and the batch reversed: each
+    request's output and state bits are the same."""
+    if api == "pretranspose" and T > 1:
+        pytest.skip("T > 1 is the mtp path")
+    B, H, HV, K, V = 37, 4, 8, 128, 128
+    qp, kp, vp, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=T, packed=True)
+    runs = []
+    for variant in ("packed", "contiguous", "reversed"):
+        q, k, v, aa, bb = qp, kp, vp, a, b
+        if variant != "packed":
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        perm = torch.arange(B, device=DEV)
+        if variant == "reversed":
+            perm = perm.flip(0)
+            q, k, v, aa, bb = (x[perm].contiguous() for x in (q, k, v, aa, bb))
+        pool = torch.randn(2 * B, HV, V, K, device=DEV, generator=torch.Generator(device=DEV).manual_seed(7))
+        idx = (2 * torch.arange(B, device=DEV, dtype=torch.int32))[perm]
+        if api == "mtp":
+            out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, aa, dt_bias, bb, disable_state_update=0)
+        else:
+            out, _ = gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, None, A_log, aa, dt_bias, bb,
+                                                                 initial_state=pool, initial_state_indices=idx)
+        inv = torch.argsort(perm)
+        runs.append((out[inv], pool))
+    torch.cuda.synchronize()
+    for out, pool in runs[1:]:
+        assert torch.equal(out, runs[0][0]) and torch.equal(pool, runs[0][1])
+
+
+@pytest.fixture
+def batch_invariant():
+    old = gconfig.get_config()
+    gconfig.set_config(dataclasses.replace(old, batch_invariant=True))
+    yield
+    gconfig.set_config(old)
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 2, 4, 8])
+def test_batch_invariant_mode_gives_one_requests_bits_in_any_batch(batch_invariant, T, state_dtype):
+    """GDNJIT_BATCH_INVARIANT=1: request 0 alone (B = 1) and inside batches of 3, 64 and 512 gives the same output
+    and state bits (without the mode the dispatcher picks per-B variants whose arithmetic may differ)."""
+    H, HV, K, V = 16, 32, 128, 128
+    big = 512
+    q, k, v, A_log, a, dt_bias, b = _inputs(big, T, H, HV, K, V, seed=T)
+    pool0 = torch.randn(big, HV, V, K, device=DEV).to(state_dtype)
+    results = []
+    for B in (1, 3, 64, big):
+        pool = pool0[:B].clone()
+        idx = torch.arange(B, device=DEV, dtype=torch.int32)
+        out, _ = gdnjit.gated_delta_rule_mtp(q[:B], k[:B], v[:B], pool, idx, A_log, a[:B], dt_bias, b[:B],
+                                             disable_state_update=False)
+        results.append((out[0].clone(), pool[0].clone()))
+    torch.cuda.synchronize()
+    for out, st in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(st, results[0][1])
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_padding_rows_of_a_callers_output(T):
+    """FlashInfer's conventions: at T > 1 (mtp) a caller's output rows of padding requests are left as they were;
+    an output the op allocates has zeros there; a T = 1 decode writes zeros. Flags as ints (0 / 1) work."""
+    B, H, HV, K, V = 6, 2, 4, 128, 128
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=3)
+    pool = torch.randn(8, HV, V, K, device=DEV)
+    idx = torch.tensor([3, -1, 0, 7, -1, 5], device=DEV, dtype=torch.int32)
+    pad = idx < 0
+    out = torch.full((B, T, HV, V), 7.0, device=DEV, dtype=torch.bfloat16)
+    if T > 1:
+        before = pool.clone()
+        gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dt_bias, b, output=out, disable_state_update=1)
+        fresh, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dt_bias, b, disable_state_update=1)
+        torch.cuda.synchronize()
+        assert torch.equal(pool, before)  # 1: frozen
+        assert (out[pad] == 7.0).all() and (fresh[pad] == 0).all()
+        assert torch.equal(out[~pad], fresh[~pad])
+    else:
+        gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, None, A_log, a, dt_bias, b, output=out,
+                                                    initial_state=pool, initial_state_indices=idx,
+                                                    disable_state_update=0)
+        torch.cuda.synchronize()
+        assert (out[pad] == 0).all() and torch.isfinite(out[~pad].float()).all()
+
+
+def test_pretranspose_at_t_above_1_is_the_mtp_step():
+    """FlashInfer 0.7.2's decode_pretranspose takes intermediate_states_buffer / disable_state_update at T > 1:
+    the same bits as gated_delta_rule_mtp."""
+    B, T, H, HV, K, V = 5, 4, 2, 4, 128, 128
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=11)
+    pool0 = torch.randn(6, HV, V, K, device=DEV)
+    idx = torch.tensor([0, 2, -1, 4, 5], device=DEV, dtype=torch.int32)
+    res = []
+    for fn in ("pretranspose", "mtp"):
+        pool = pool0.clone()
+        buf = torch.full((B, T, HV, V, K), float("nan"), device=DEV)
+        if fn == "mtp":
+            out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dt_bias, b,
+                                                 intermediate_states_buffer=buf, disable_state_update=True)
+        else:
+            out, _ = gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, None, A_log, a, dt_bias, b,
+                                                                 initial_state=pool, initial_state_indices=idx,
+                                                                 intermediate_states_buffer=buf,
+                                                                 disable_state_update=True)
+        res.append((out, pool, buf))
+    torch.cuda.synchronize()
+    assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], pool0) and torch.equal(res[1][1], pool0)
+    live = idx >= 0
+    assert torch.equal(res[0][2][live], res[1][2][live])
