@@ -255,7 +255,7 @@ def gdn_mtp(s: InputSet, p: Params):
     """MTP API with the state as a pool of B slots, slot i for row i, updated in place."""
     return _GDNJIT.gated_delta_rule_mtp(
         s.q, s.k, s.v, s.state, p.idx, p.A_log, s.a, p.dt_bias, s.b,
-        scale=p.scale, output=s.out, use_qk_l2norm=True)
+        scale=p.scale, output=s.out, use_qk_l2norm=True, disable_state_update=False)
 
 
 def fla_fwd(s: InputSet, p: Params):

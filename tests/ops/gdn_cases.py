@@ -233,8 +233,8 @@ def forcing(override: dict):
 
     orig = runner.choose_variant
 
-    def forced(spec, params, facts, arch, tuned=None):
-        v = orig(spec, params, facts, arch, tuned)
+    def forced(spec, params, facts, arch, tuned=None, batch_invariant=False):
+        v = orig(spec, params, facts, arch, tuned, batch_invariant)
         if spec.name != "gdn":
             return v
         return Variant.make(spec, params, forced_tunables(spec, params, dict(v.tunables), override), arch)

@@ -232,7 +232,7 @@ def test_every_device_while_another_is_current(api):
         pool = t["state"].clone()
         with torch.cuda.device(other):
             out, ret = mod.gated_delta_rule_mtp(t["q"], t["k"], t["v"], pool, idx, **gates(t),
-                                                intermediate_states_buffer=buf)
+                                                intermediate_states_buffer=buf, disable_state_update=False)
             out1, _ = mod.gated_delta_rule_decode_pretranspose(t["q"][:, :1], t["k"][:, :1], t["v"][:, :1], None,
                                                                t["A_log"], t["a"][:, :1], t["dt_bias"],
                                                                t["b"][:, :1], initial_state=t["state"].clone(),
