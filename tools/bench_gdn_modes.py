@@ -55,7 +55,8 @@ def floor_bytes(p: dict, B: int, H: int, HV: int) -> int:
 
 
 def call_op(p: dict, tensors) -> None:
-    """One public-API call of mode params ``p`` on an input set built by gdnjit.tune's builder."""
+    """One public-API call of mode params ``p`` on an input set built by gdnjit.tune's builder (the gdn op's
+    example_call: q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out)."""
     q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out = tensors
     if p["layout"] == "kmajor":
         gdnjit.gated_delta_rule_decode(q, k, v, pool, A_log, a, dt_bias, b, output=out)
@@ -80,8 +81,9 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("bench_gdn_modes: needs a CUDA GPU", file=sys.stderr)
         return 2
+    from gdnjit.spec import get_spec
     from gdnjit.timing import time_graph_us
-    from gdnjit.tune import _gdn_calls
+    from gdnjit.tune import _input_sets
 
     dev = torch.device("cuda", torch.cuda.current_device())
     bw = bc.copy_bandwidth(dev)
@@ -104,10 +106,10 @@ def main() -> int:
                     for placement in range(args.placements):
                         # a spacer of another size each time: the sets land on other memory
                         spacer = torch.empty(placement * (192 << 20), dtype=torch.uint8, device=dev)
-                        sets = _gdn_calls(p, B, args.h, HV, dev,
-                                          lambda nbytes: max(2, min(64, -(-3 * l2 // max(nbytes, 1)), (20 << 30) // nbytes)))
+                        sets = _input_sets(get_spec("gdn"), p, dict(B=B, H=args.h, HV=HV), dev,
+                                           lambda nbytes: max(2, min(64, -(-3 * l2 // max(nbytes, 1)), (20 << 30) // nbytes)))
 
-                        times.append(time_graph_us(lambda i, sets=sets, p=p: call_op(p, sets[i][1]), len(sets),
+                        times.append(time_graph_us(lambda i, sets=sets, p=p: call_op(p, sets[i][2]), len(sets),
                                                    calls=10, replays=20))
                         del sets, spacer
                         torch.cuda.empty_cache()

@@ -23,7 +23,7 @@ def main() -> int:
     from gdnjit import expr
     from gdnjit.runner import RUNNER, device_info
     from gdnjit.spec import get_spec
-    from gdnjit.tune import _gdn_calls
+    from gdnjit.tune import _input_sets
     from gdnjit.variant import Variant
     from bench_gdn_modes import MODES, params_for
 
@@ -44,9 +44,10 @@ def main() -> int:
     launcher = RUNNER.get_launcher(variant, 0)
     ctx = dict(variant.values, B=args.b, H=args.h, HV=args.hv)
     grid = int(expr.evaluate(dict(spec.launch)["grid"], ctx))
-    (call, _), = _gdn_calls(params, args.b, args.h, args.hv, torch.device("cuda"), lambda _: 1)
+    (values, _, _tensors), = _input_sets(spec, params, dict(B=args.b, H=args.h, HV=args.hv), torch.device("cuda"),
+                                         lambda _: 1)
     for _ in range(args.launches):
-        launcher(grid, call[2])
+        launcher(grid, values)
     torch.cuda.synchronize()
     print(f"{variant.describe()} grid={grid}: {args.launches} launches")
     return 0
