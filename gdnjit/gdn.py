@@ -255,15 +255,23 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     if tuple(pool.shape[1:]) != trailing or (direct and pool_size != B):
         lead = B if direct else "pool_size"
         raise ValueError(f"{sname}: expected shape {what} = [{lead}, {', '.join(map(str, trailing))}], got {tuple(pool.shape)}")
-    if pool.stride()[1:] != (trailing[1] * trailing[2], trailing[2], 1):
-        raise ValueError(
-            f"{sname}: each slot's {what[what.index(',') + 2:-1]} block must be contiguous "
-            f"(strides [slot, {trailing[1] * trailing[2]}, {trailing[2]}, 1]); got strides {pool.stride()}"
-        )
+    dense = (trailing[1] * trailing[2], trailing[2], 1)
+    slot_strided = pool.stride()[1:] != dense
+    _, s_head, s_row, s_last = pool.stride()
+    if slot_strided:  # a strided view of a bigger state (FlashInfer's non-contiguous pools): last dim contiguous
+        rows, row_len = trailing[1], trailing[2]
+        if s_last != 1:
+            raise ValueError(f"{sname}: the last dim ({'K' if layout == 'klast' else 'V'}) must be contiguous, "
+                             f"got strides {pool.stride()}")
+        if (rows > 1 and s_row < row_len) or (HV > 1 and s_head < (rows - 1) * s_row + row_len):
+            raise ValueError(f"{sname}: a slot's rows or heads overlap (strides {pool.stride()}; rows need a stride "
+                             f">= {row_len}, heads >= {rows - 1} * row stride + {row_len})")
     _v.aligned(sname, pool, 16)
     slot_stride = pool.stride(0)
-    if pool_size > 1 and slot_stride < HV * V * K:
-        raise ValueError(f"{sname}: slots overlap (slot stride {slot_stride} < HV*V*K = {HV * V * K})")
+    extent = 1 + sum((n - 1) * st for n, st in zip(trailing, pool.stride()[1:]))  # elements a slot spans
+    if pool_size > 1 and slot_stride < extent:
+        raise ValueError(f"{sname}: slots overlap (slot stride {slot_stride} < the {extent} elements a slot spans"
+                         f"{'' if slot_strided else ' = HV*V*K'})")
 
     if direct:
         idx_dtype, same_pool = "int32", True
@@ -331,7 +339,8 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     params = dict(layout=layout, K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[q.dtype],
                   out_dtype=_v.FLOAT_NAMES[output.dtype], state_dtype=_v.FLOAT_NAMES[pool.dtype],
                   dtb_dtype=_v.FLOAT_NAMES[dt_bias.dtype], pool=not direct, idx_dtype=idx_dtype, same_pool=same_pool,
-                  inter_dtype=inter_dtype, ssm_idx_dtype=ssm_dtype, update=update, l2norm=l2norm)
+                  inter_dtype=inter_dtype, ssm_idx_dtype=ssm_dtype, update=update, l2norm=l2norm,
+                  slot_strided=slot_strided)
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
     (q_sn, q_st, q_sh), (k_sn, k_st, k_sh), (v_sn, v_st, v_sh) = q.stride()[:3], k.stride()[:3], v.stride()[:3]
     (a_sn, a_st, a_sh), (b_sn, b_st, b_sh), (o_sn, o_st, o_sh) = a.stride(), b.stride(), output.stride()[:3]
@@ -345,7 +354,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,
         B=B, H=H, HV=HV, scale=scale, softplus_beta=_SOFTPLUS_BETA, softplus_threshold=_SOFTPLUS_THRESHOLD,
-        zero_padding=int(bool(zero_padding)),
+        zero_padding=int(bool(zero_padding)), s_head=s_head, s_row=s_row,
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)
@@ -575,6 +584,8 @@ def example_call(params: dict, facts: dict, device) -> Tuple[object, tuple]:
     A_log = torch.rand(HV, device=device)
     dt_bias = torch.randn(HV, device=device).to(dt[params["dtb_dtype"]])
     pool = torch.randn(slots, *trailing, device=device).to(dt[params["state_dtype"]])
+    if params["slot_strided"]:  # every other head of a pool twice as wide (FlashInfer's non-contiguous pool test)
+        pool = torch.randn(slots, 2 * HV, *trailing[1:], device=device).to(dt[params["state_dtype"]])[:, ::2]
     read = write = inter = ssm = None
     if params["pool"]:
         idt = dt[params["idx_dtype"]]

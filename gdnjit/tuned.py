@@ -79,8 +79,10 @@ def _batch_fact(spec: str) -> str | None:
 
 
 def _problem_key(spec: str, params: dict[str, Any], facts: dict[str, Any], batch: str) -> tuple:
-    # keyed by the params dispatch sees (Spec.dispatch_view): modes that compute alike share entries
-    params = get_spec(spec).dispatch_view(params)
+    # keyed by the params dispatch sees (Spec.dispatch_view): modes that compute alike share entries; a param
+    # the spec gained after a table was written takes its first listed value (what the table was tuned with)
+    s = get_spec(spec)
+    params = s.dispatch_view({**{n: v[0] for n, v in s.params}, **params})
     return (spec, tuple(sorted(params.items())),
             tuple(sorted((f, v) for f, v in facts.items() if f not in (batch, "num_sms"))))
 

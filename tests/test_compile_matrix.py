@@ -105,7 +105,7 @@ def kind_variants() -> list[Variant]:
             (2, 8, 16), ("fp32", "bf16"), (("none", "none", True), ("fp32", "none", False), ("none", "int64", True)),
             (64, 256)):
         p = dict(base, layout="klast", K=K, V=128, T=T, state_dtype=sd, pool=True, inter_dtype=inter,
-                 ssm_idx_dtype=ssm, update=upd)
+                 ssm_idx_dtype=ssm, update=upd, slot_strided=T == 8)  # strided pool slots: runtime head / row strides
         for kind in kinds:
             of_kind = [t for t in choices if all(t[k] == v for k, v in kind.items())]
             # the first and the last valid candidate, searched from each end (not every candidate checked)
@@ -212,3 +212,15 @@ def test_tuner_candidates_of_every_kind_compile_clean(sets, built):
     assert len(kinds) >= 100
     bad = _problems(kinds, built)
     assert not bad, f"{len(bad)} of {len(kinds)} candidate variants:\n" + "\n".join(bad)
+
+
+def test_strided_slot_variants_of_the_tc_and_mma_forms_compile_clean():
+    """The pool-slot strides reach the tensor-core forms' state copies too: their strided variants compile with
+    no spills (the kinds set above covers the CUDA-core forms)."""
+    base = {n: v[0] for n, v in SPEC.params}
+    for sd, T, form in (("bf16", 4, "tc"), ("fp32", 8, "tc"), ("bf16", 2, "mma"), ("fp32", 8, "mma")):
+        p = dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", pool=True,
+                 slot_strided=True)
+        t = next(t for t in SPEC.all_tunable_choices() if t["form"] == form and SPEC.valid(p, t))
+        meta = _variant(p, t).build().meta
+        assert meta["spill_bytes"] == 0 and not meta["warnings"], (sd, T, form, meta)

@@ -10,7 +10,8 @@ import pytest
 from gdnjit import dispatch
 from gdnjit.spec import get_spec
 
-_GDN_BASE = dict(dtb_dtype="fp32", idx_dtype="int32", same_pool=True, l2norm=True, out_dtype="bf16", update=True)
+_GDN_BASE = dict(dtb_dtype="fp32", idx_dtype="int32", same_pool=True, l2norm=True, out_dtype="bf16", update=True,
+                 slot_strided=False)
 
 
 def _gdn_grid():

@@ -61,7 +61,7 @@ def small_doc() -> dict:
         "batch_sizes": [1, 64],
         "defaults": {
             "in_dtype": "bf16", "out_dtype": "bf16", "dtb_dtype": "fp32", "idx_dtype": "int32",
-            "same_pool": True, "inter_dtype": "none", "ssm_idx_dtype": "none", "update": True, "l2norm": True,
+            "same_pool": True, "inter_dtype": "none", "ssm_idx_dtype": "none", "update": True, "l2norm": True, "slot_strided": False,
         },
         "calls": [{"name": "decode", "spec": "gdn", "params": {"layout": "klast", "T": 1, "state_dtype": ["fp32", "bf16"], "pool": True}}],
     }

@@ -13,7 +13,7 @@ from gdnjit.tune import candidate_tunables
 SPEC = get_spec("gdn")
 PARAMS = dict(layout="klast", K=128, V=128, T=4, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32",
               dtb_dtype="fp32", pool=True, idx_dtype="int32", same_pool=True, inter_dtype="none",
-              ssm_idx_dtype="none", update=True, l2norm=True)
+              ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False)
 FACTS = {"B": 512, "H": 16, "HV": 64, "num_sms": 132}
 
 

@@ -131,7 +131,7 @@ def test_8_processes_x_20_keys_on_an_empty_cache(tmp_path):
 BASE_PARAMS = dict(
     layout="klast", K=128, V=128, T=1, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32",
     dtb_dtype="fp32", pool=False, idx_dtype="int32", same_pool=True, inter_dtype="none",
-    ssm_idx_dtype="none", update=True, l2norm=True,
+    ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False,
 )
 
 

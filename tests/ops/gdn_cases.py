@@ -212,7 +212,7 @@ def case_params(c: Case) -> dict:
             "out_dtype": c.out_dtype or c.in_dtype, "state_dtype": c.state_dtype, "dtb_dtype": c.dtb_dtype,
             "pool": not direct, "idx_dtype": "int32" if direct else c.idx_dtype, "same_pool": c.pool != "split",
             "inter_dtype": c.inter_dtype or "none", "ssm_idx_dtype": c.ssm or "none", "update": c.update,
-            "l2norm": c.l2norm}
+            "l2norm": c.l2norm, "slot_strided": False}
 
 
 def forced_tunables(spec, params: dict, base: dict, override: dict) -> dict | None:

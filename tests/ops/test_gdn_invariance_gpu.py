@@ -182,3 +182,87 @@ def test_pretranspose_at_t_above_1_is_the_mtp_step():
     assert torch.equal(res[0][0], res[1][0]) and torch.equal(res[0][1], pool0) and torch.equal(res[1][1], pool0)
     live = idx >= 0
     assert torch.equal(res[0][2][live], res[1][2][live])
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [1, 2, 4, 8])
+@pytest.mark.parametrize("view", ["heads::2", "heads::3", "rows+8"])
+@pytest.mark.parametrize("mode", ["update", "verify", "ssm"])
+def test_pool_strided_inside_a_slot(view, T, state_dtype, mode):
+    """A pool that is a strided view of a bigger one (FlashInfer's test_mtp_fp32_state_pool_non_contiguous:
+    every m-th head; also padded value rows): outputs, written slots and the per-token states as with the same
+    values in a contiguous pool, against the float64 reference; the interleaved memory is never touched."""
+    if mode == "ssm" and T == 1:
+        pytest.skip("per-token pool writes need T > 1 (as in FlashInfer)")
+    B, H, HV, K, V = 6, 2, 4, 128, 128
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=T * 7 + len(view))
+    slots = 2 * B + B * T
+    if view.startswith("heads"):
+        m = int(view[-1])
+        backing = torch.randn(slots, HV * m, V, K, device=DEV).to(state_dtype)
+        pool = backing[:, ::m]
+    else:
+        backing = torch.randn(slots, HV, V, K + 8, device=DEV).to(state_dtype)
+        pool = backing[..., :K]
+    assert not pool.is_contiguous()
+    backing0, pool0 = backing.clone(), pool.clone()
+    idx = torch.tensor([3, -1, 0, 7, 5, 10], device=DEV, dtype=torch.int32)
+    kw, ref_kw = {}, {}
+    if mode == "verify":
+        buf = torch.full((B, T, HV, V, K), float("nan"), device=DEV, dtype=state_dtype)
+        kw = dict(intermediate_states_buffer=buf, disable_state_update=True)
+        ref_kw = dict(intermediate=torch.zeros(B, T, HV, V, K, device=DEV, dtype=torch.float64),
+                      disable_state_update=True)
+    elif mode == "ssm":
+        ssm = (2 * B + torch.arange(B * T, device=DEV, dtype=torch.int32)).reshape(B, T)
+        kw = dict(ssm_state_indices=ssm, disable_state_update=False)
+        ref_kw = dict(ssm_state_indices=ssm)
+    else:
+        kw = dict(disable_state_update=False)
+    if T == 1 and mode == "update":
+        out, _ = gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, None, A_log, a, dt_bias, b, initial_state=pool,
+                                                             initial_state_indices=idx)
+    else:
+        out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dt_bias, b, **kw)
+    torch.cuda.synchronize()
+    ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, pool0.double(), read_indices=idx, **ref_kw)
+    live = idx >= 0
+    tol = 2e-3 if state_dtype == torch.float32 else 2e-2
+    o, r = out[live].double(), ref.output[live]
+    assert (o - r).norm() / r.norm() < tol
+    assert (pool.double() - ref.state).norm() / ref.state.norm() < tol
+    if mode == "verify":
+        assert torch.equal(pool, pool0)
+        assert (buf[live].double() - ref.intermediate[live]).norm() / ref.intermediate[live].norm() < tol
+    # memory of the backing tensor outside the view: untouched, bit for bit
+    outside = torch.ones_like(backing, dtype=torch.bool)
+    if view.startswith("heads"):
+        outside[:, ::int(view[-1])] = False
+    else:
+        outside[..., :K] = False
+    assert torch.equal(backing[outside], backing0[outside])
+
+
+@pytest.mark.parametrize("layout", ["klast", "kmajor"])
+@pytest.mark.parametrize("T", [1, 4])
+def test_direct_state_strided_inside(layout, T):
+    """A direct state that is a strided view (every other head; padded rows) runs in place, like a dense one."""
+    B, H, HV, K, V = 5, 2, 4, 128, 128
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=T + (layout == "kmajor"))
+    for view in ("heads", "rows"):
+        backing = torch.randn(B, 2 * HV, V, K + 8, device=DEV)
+        state = backing[:, ::2, :, :K] if view == "heads" else backing[:, :HV, :, :K]
+        backing0, state0 = backing.clone(), state.clone()
+        fn = gdnjit.gated_delta_rule_decode if layout == "kmajor" else gdnjit.gated_delta_rule_decode_pretranspose
+        out, ret = fn(q, k, v, state, A_log, a, dt_bias, b)
+        torch.cuda.synchronize()
+        assert ret is state
+        ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, state0.double(), layout=layout)
+        assert (out.double() - ref.output).norm() / ref.output.norm() < 2e-3
+        assert (state.double() - ref.state).norm() / ref.state.norm() < 2e-3
+        outside = torch.ones_like(backing, dtype=torch.bool)
+        if view == "heads":
+            outside[:, ::2, :, :K] = False
+        else:
+            outside[:, :HV, :, :K] = False
+        assert torch.equal(backing[outside], backing0[outside]), view

@@ -62,7 +62,7 @@ def test_valid_direct_and_pool_pass():
     (dict(dt_bias=torch.randn(8)[::2]), ValueError, "dt_bias: expected a contiguous"),
     (dict(state=torch.randn(3, 4, 128, 128, dtype=torch.float16)), TypeError, "state: expected dtype"),
     (dict(state=torch.randn(4, 4, 128, 128)), ValueError, "state: expected shape"),
-    (dict(state=torch.randn(3, 4, 128, 128).transpose(2, 3)), ValueError, "state: each slot"),
+    (dict(state=torch.randn(3, 4, 128, 128).transpose(2, 3)), ValueError, "state: the last dim (K) must be contiguous"),
     (dict(scale="0.1"), TypeError, "scale: expected a Python float"),
     (dict(scale=True), TypeError, "scale: expected a Python float"),
     (dict(l2norm=1), TypeError, "use_qk_l2norm: expected a bool"),
@@ -322,7 +322,7 @@ def test_guard_tier_serves_repeat_calls_with_fresh_pointers(monkeypatch):
     ("dt_bias", lambda x: torch.randn(2 * x.shape[0])[::2], "dt_bias: expected a contiguous tensor"),
     ("state", lambda x: x.bfloat16(), None),
     ("state", lambda x: torch.randn(x.shape[0], x.shape[1], x.shape[3], x.shape[2]).transpose(2, 3),
-     "state: each slot's"),
+     r"state: the last dim \(K\) must be contiguous"),
 ])
 def test_guard_tier_never_skips_a_check(monkeypatch, slot, bad, match):
     """After the guard (and the signature memo) hold a validated call, a tensor with other metadata in
@@ -379,3 +379,39 @@ def test_guard_tier_checks_optional_slots(monkeypatch, slot, bad, match):
         with pytest.raises((TypeError, ValueError), match=match):
             call()
         assert len(launches) == 3
+
+
+def test_pools_strided_inside_a_slot():
+    """A state that is a strided view (every m-th head, padded rows; pool or direct, K-last or K-major) is accepted
+    with its strides as kernel arguments (variant slot_strided); overlapping rows / heads / slots and a
+    non-contiguous last dim are refused naming the argument."""
+    from gdnjit import gdn as g
+
+    t = make(T=2)
+    idx = torch.tensor([0, 2, 1], dtype=torch.int32)
+
+    def prep(pool, direct=False, layout="klast", q=t):
+        return g._prepare(layout, q["q"], q["k"], q["v"], q["A_log"], q["a"], q["dt_bias"], q["b"], pool,
+                          None if direct else idx, None, None, None, None, None, True, True, direct,
+                          require_cuda=False)[1]
+
+    heads = torch.randn(3, 8, 128, 128)[:, ::2]
+    call = prep(heads)
+    assert call.params["slot_strided"] is True and (call.args["s_head"], call.args["s_row"]) == (2 * 128 * 128, 128)
+    rows = torch.randn(3, 4, 128, 136)[..., :128]
+    call = prep(rows)
+    assert call.params["slot_strided"] is True and (call.args["s_head"], call.args["s_row"]) == (128 * 136, 136)
+    dense = prep(torch.randn(3, 4, 128, 128))
+    assert dense.params["slot_strided"] is False
+    with pytest.raises(ValueError, match=r"initial_state: the last dim \(K\) must be contiguous"):
+        prep(torch.randn(3, 4, 128, 256)[..., ::2])
+    with pytest.raises(ValueError, match="initial_state: a slot's rows or heads overlap"):
+        prep(torch.randn(3, 4, 128 * 128 + 64).as_strided((3, 4, 128, 128), (4 * 128 * 128, 64, 64, 1)))
+    with pytest.raises(ValueError, match="initial_state: slots overlap"):
+        prep(torch.randn(4, 8, 128, 128)[:, ::2].as_strided((3, 4, 128, 128), (4 * 128 * 128, 2 * 128 * 128, 128, 1)))
+    assert prep(torch.randn(3, 8, 128, 128)[:, ::2], direct=True).params["slot_strided"] is True  # a direct state
+    tk = make(T=2, layout="kmajor")
+    call = prep(torch.randn(3, 4, 128, 136)[..., :128], direct=True, layout="kmajor", q=tk)
+    assert call.params["slot_strided"] is True and call.args["s_row"] == 136
+    with pytest.raises(ValueError, match=r"state: the last dim \(V\) must be contiguous"):
+        prep(torch.randn(3, 4, 128, 256)[..., ::2], direct=True, layout="kmajor", q=tk)
