@@ -640,9 +640,14 @@ def oracle(fn: str, a: dict) -> set[str]:
 
     slot = (HV, V, K) if layout == "klast" else (HV, K, V)
     if tensor_ok(sname, pool, 4, STATE_DTYPES):
-        if tuple(pool.shape[1:]) != slot or (direct and pool.shape[0] != B) or \
-                pool.stride()[1:] != (slot[1] * slot[2], slot[2], 1) or not _aligned16(pool) or \
-                (pool.shape[0] > 1 and pool.stride(0) < HV * V * K):
+        # docs/api.md: a state may be strided inside its slots (last dim contiguous, 16-byte strides, rows and
+        # heads not overlapping); slots may not overlap (slot stride >= the span of one slot)
+        st = pool.stride()
+        span = 1 + sum((n - 1) * s_ for n, s_ in zip(slot, st[1:]))
+        if tuple(pool.shape[1:]) != slot or (direct and pool.shape[0] != B) or st[3] != 1 or \
+                not _aligned16(pool) or (slot[1] > 1 and st[2] < slot[2]) or \
+                (slot[0] > 1 and st[1] < (slot[1] - 1) * st[2] + slot[2]) or \
+                (pool.shape[0] > 1 and st[0] < span):
             bad.add(sname)
 
     def index_ok(name, x, like=None) -> None:
