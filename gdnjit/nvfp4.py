@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import enum
 import math
+import os
 import struct
 from typing import Optional, Tuple
 
@@ -61,8 +62,6 @@ def fast_math_from_env(environ=None) -> bool:
     """FlashInfer's recipe switch, read per call as FlashInfer does: the fast recipe unless
     ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH`` (or its alias ``TRTLLM_DISABLE_FP4_QUANT_FAST_MATH``) is
     exactly ``"1"``."""
-    import os
-
     env = os.environ if environ is None else environ
     return not any(env.get(name) == "1" for name in FAST_MATH_ENV)
 
@@ -145,13 +144,10 @@ def _check_flashinfer_extras(per_token_activation, expanded_idx_to_permuted_idx,
         raise ValueError("expanded_idx_to_permuted_idx: only with per_token_activation=True (as in FlashInfer)")
     if out_scale is not None:
         raise ValueError("out_scale: only with per_token_activation=True (as in FlashInfer)")
-    if nvfp4_4over6 is _UNSET:
-        import os
-
-        if any(k.startswith("FLASHINFER_NVFP4_4OVER6") and os.environ[k] not in ("", "0")
-               for k in os.environ):
-            raise NotImplementedError("FLASHINFER_NVFP4_4OVER6*: FlashInfer's 4over6 recipe is not provided by "
-                                      "gdnjit (unset those variables)")
+    if nvfp4_4over6 is _UNSET:  # FlashInfer then reads its switch per call: on only when exactly "1"
+        if os.environ.get("FLASHINFER_NVFP4_4OVER6") == "1":
+            raise NotImplementedError("FLASHINFER_NVFP4_4OVER6=1: FlashInfer's 4over6 recipe is not provided by "
+                                      "gdnjit (unset the variable)")
     elif nvfp4_4over6 is not None:
         raise NotImplementedError("nvfp4_4over6: FlashInfer's 4over6 recipe is not provided by gdnjit (pass None)")
 
@@ -269,8 +265,8 @@ def nvfp4_quantize(
             ``"cake"``: NotImplementedError.
         per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6: FlashInfer 0.7.2's
             per-token scales and 4over6 recipe, not provided: accepted at their off values (False, None,
-            None, unset / None); per-token mode, a 4over6 config (or the ``FLASHINFER_NVFP4_4OVER6*``
-            variables enabling it) raise NotImplementedError; the index / out_scale without per-token
+            None, unset / None); per-token mode, a 4over6 config (or ``FLASHINFER_NVFP4_4OVER6=1``
+            enabling it) raise NotImplementedError; the index / out_scale without per-token
             mode raise FlashInfer's ValueError.
         fast_math: the recipe. None (default): FlashInfer's switch, read per call as FlashInfer does:
             fast unless ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH`` (or ``TRTLLM_...``) is ``"1"``. False: the

@@ -313,3 +313,14 @@ def test_fp4_quantize_maps_flashinfers_flags(monkeypatch):
                             (dict(global_scale=torch.ones(6)), NotImplementedError, "row-wise global scale")):
         with pytest.raises(exc, match=needle):
             nvfp4.fp4_quantize(x, **dict(dict(global_scale=gs), **kw))
+
+
+def test_flashinfers_4over6_switch_is_refused_only_when_on(monkeypatch):
+    a = torch.randn(5, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(nvfp4, "_prepare", lambda *a, **kw: (None, None, None))
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "0")
+    nvfp4.nvfp4_quantize(a, 1.0)
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
+    with pytest.raises(NotImplementedError, match="FLASHINFER_NVFP4_4OVER6=1"):
+        nvfp4.nvfp4_quantize(a, 1.0)
+    nvfp4.nvfp4_quantize(a, 1.0, nvfp4_4over6=None)  # an explicit None wins over the environment
