@@ -266,3 +266,29 @@ def test_direct_state_strided_inside(layout, T):
         else:
             outside[:, :HV, :, :K] = False
         assert torch.equal(backing[outside], backing0[outside]), view
+
+
+@pytest.mark.parametrize("form", ["tc", "mma", "chunk", "pipe"])
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [4, 8])
+def test_strided_pool_in_every_form(form, state_dtype, T):
+    """The strided-slot variants of each form (forced: the rules pick them only at larger batches) against the
+    float64 reference, every-other-head pool; the other heads untouched."""
+    from gdn_cases import forcing
+
+    B, H, HV, K, V = 6, 2, 4, 128, 128
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=T)
+    backing = torch.randn(B + 2, 2 * HV, V, K, device=DEV).to(state_dtype)
+    pool = backing[:, ::2]
+    backing0, pool0 = backing.clone(), pool.clone()
+    idx = torch.tensor([3, -1, 0, 7, 5, 1], device=DEV, dtype=torch.int32)
+    override = {"pipe": 2} if form == "pipe" else {"form": form}
+    with forcing(override):
+        out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dt_bias, b, disable_state_update=False)
+        torch.cuda.synchronize()
+    ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, pool0.double(), read_indices=idx)
+    live = idx >= 0
+    tol = 2e-3 if state_dtype == torch.float32 else 2e-2
+    assert (out[live].double() - ref.output[live]).norm() / ref.output[live].norm() < tol
+    assert (pool.double() - ref.state).norm() / ref.state.norm() < tol
+    assert torch.equal(backing[:, 1::2], backing0[:, 1::2])
