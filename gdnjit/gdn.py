@@ -445,18 +445,36 @@ def gated_delta_rule_decode_pretranspose(
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides or devices.
         Out-of-range indices stop the kernel (``GDNJIT_CHECK_INDICES=1`` checks on the host instead).
     """
-    check_backend(backend, _BACKENDS_PRETRANSPOSE)
+    frozen, zero_padding = pretranspose_flags(q, initial_state, output, intermediate_states_buffer,
+                                              disable_state_update, backend)
     pool, read, write, direct = pool_args(state, initial_state, initial_state_indices, output_state_indices)
+    out = _run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
+               None, not frozen, use_qk_l2norm, direct=direct, zero_padding=zero_padding)
+    return out, pool
+
+
+def pretranspose_flags(q, initial_state, output, intermediate_states_buffer, disable_state_update,
+                       backend) -> Tuple[bool, bool]:
+    """(frozen, zero_padding) of a ``decode_pretranspose`` call under FlashInfer 0.7.2's conventions (the eager
+    function and its torch op alike): backend checked; at T = 1 no buffer and no frozen state; None freezes
+    an fp32 pool at T > 1 only; padding rows are zeroed at T = 1 or in an output allocated here."""
+    check_backend(backend, _BACKENDS_PRETRANSPOSE)
     T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
-    fp32_pool = not direct and isinstance(pool, torch.Tensor) and pool.dtype == torch.float32
+    fp32_pool = isinstance(initial_state, torch.Tensor) and initial_state.dtype == torch.float32
     frozen = disable_flag(disable_state_update, frozen_if_none=fp32_pool and T > 1)
     if T == 1 and intermediate_states_buffer is not None:
         raise ValueError("intermediate_states_buffer: supported only for T > 1 (use gated_delta_rule_mtp)")
     if T == 1 and frozen:
         raise ValueError("disable_state_update: supported only for T > 1 (use gated_delta_rule_mtp)")
-    out = _run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
-               None, not frozen, use_qk_l2norm, direct=direct, zero_padding=output is None or T == 1)
-    return out, pool
+    return frozen, output is None or T == 1
+
+
+def mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g,
+              replayssm_beta) -> Tuple[bool, bool]:
+    """(frozen, zero_padding) of a ``gated_delta_rule_mtp`` call (eager and torch op alike): ReplaySSM refused,
+    None = frozen (FlashInfer 0.7.2), a caller's padding rows kept."""
+    unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
+    return disable_flag(disable_state_update, frozen_if_none=True), output is None
 
 
 def pool_args(state, initial_state, initial_state_indices, output_state_indices):
@@ -560,11 +578,11 @@ def gated_delta_rule_mtp(
     Returns:
         ``(output [B, T, HV, V], initial_state)``.
     """
-    unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
-    frozen = disable_flag(disable_state_update, frozen_if_none=True)
+    frozen, zero_padding = mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv, replayssm_rawk,
+                                     replayssm_g, replayssm_beta)
     out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
                scale, output, intermediate_states_buffer, ssm_state_indices, not frozen, use_qk_l2norm,
-               direct=False, zero_padding=output is None)
+               direct=False, zero_padding=zero_padding)
     return out, initial_state
 
 

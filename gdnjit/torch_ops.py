@@ -229,20 +229,14 @@ def gated_delta_rule_decode_pretranspose(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_decode_pretranspose` through ``torch.ops.gdnjit``; same arguments and
     return value ``(output, state_or_pool)``."""
-    _gdn.check_backend(backend, _gdn._BACKENDS_PRETRANSPOSE)
-    T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
-    fp32_pool = isinstance(initial_state, torch.Tensor) and initial_state.dtype == torch.float32
-    frozen = _gdn.disable_flag(disable_state_update, frozen_if_none=fp32_pool and T > 1)
-    if T == 1 and intermediate_states_buffer is not None:
-        raise ValueError("intermediate_states_buffer: supported only for T > 1 (use gated_delta_rule_mtp)")
-    if T == 1 and frozen:
-        raise ValueError("disable_state_update: supported only for T > 1 (use gated_delta_rule_mtp)")
+    frozen, zero_padding = _gdn.pretranspose_flags(q, initial_state, output, intermediate_states_buffer,
+                                                   disable_state_update, backend)
     out = _output(q, v, output)
     if initial_state is not None and state is initial_state:
         state = None  # FlashInfer style: the pool passed twice; two mutated args must not alias
     torch.ops.gdnjit.gated_delta_rule_decode_pretranspose(
         q, k, v, state, A_log, a, dt_bias, b, scale, out, use_qk_l2norm, initial_state, initial_state_indices,
-        output_state_indices, intermediate_states_buffer, frozen, output is None or T == 1)
+        output_state_indices, intermediate_states_buffer, frozen, zero_padding)
     return out, (initial_state if initial_state is not None else state)
 
 
@@ -270,12 +264,12 @@ def gated_delta_rule_mtp(
     replayssm_g: Optional[torch.Tensor] = None, replayssm_beta: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_mtp` through ``torch.ops.gdnjit``; returns ``(output, initial_state)``."""
-    _gdn.unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
-    frozen = _gdn.disable_flag(disable_state_update, frozen_if_none=True)
+    frozen, zero_padding = _gdn.mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv,
+                                          replayssm_rawk, replayssm_g, replayssm_beta)
     out = _output(q, v, output)
     torch.ops.gdnjit.gated_delta_rule_mtp(
         q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, out,
-        intermediate_states_buffer, ssm_state_indices, frozen, use_qk_l2norm, output_state_indices, output is None)
+        intermediate_states_buffer, ssm_state_indices, frozen, use_qk_l2norm, output_state_indices, zero_padding)
     return out, initial_state
 
 
