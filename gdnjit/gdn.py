@@ -34,6 +34,9 @@ _STATE_DTYPES = (torch.float32, torch.bfloat16)
 _OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _SOFTPLUS_BETA = 1.0
 _SOFTPLUS_THRESHOLD = 20.0
+# The engine-convention params of the gdn spec (gdnjit/gdn_engine.py sets them) at their native values.
+NATIVE_CONVENTIONS = dict(varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
+                          null_slot="negative", padding="skip", gates="raw")
 
 
 def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, like: Optional[torch.Tensor] = None):
@@ -50,7 +53,8 @@ _guarded: dict = RUNNER.memo()
 _GUARDS_PER_KEY = 4
 # The kernel arguments a bound launch takes per call, in the order _run gathers them (the runner checks
 # them against the spec's leading pointer args by name when it binds).
-_POINTERS = ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "write_idx", "out", "inter", "ssm_idx")
+_POINTERS = ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "write_idx", "out", "inter", "ssm_idx",
+             "cu", "acc", "parent", "inter_idx")
 _OUT = _POINTERS.index("out")
 
 
@@ -84,7 +88,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
                 b.data_ptr(), pool.data_ptr(), 0 if read_idx is None else read_idx.data_ptr(),
                 0 if write_idx is None else write_idx.data_ptr(), 0 if output is None else output.data_ptr(),
-                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr())
+                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(), 0, 0, 0, 0)
         # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
         gkey = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
                 (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15, read_idx is None, write_idx is None, output is None,
@@ -308,9 +312,6 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
             raise ValueError("ssm_state_indices: cannot be combined with intermediate_states_buffer (pick one)")
         if not update:
             raise ValueError("ssm_state_indices: writes pool slots, so disable_state_update must be False")
-        if write_idx is not None:
-            raise ValueError("output_state_indices: has no effect with ssm_state_indices (the per-token writes "
-                             "replace the final writeback); pass None")
         _v.tensor("ssm_state_indices", ssm, 2)
         _v.dtype_in("ssm_state_indices", ssm, _v.INDEX_NAMES)
         _v.same_device("ssm_state_indices", ssm, device)
@@ -340,7 +341,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
                   out_dtype=_v.FLOAT_NAMES[output.dtype], state_dtype=_v.FLOAT_NAMES[pool.dtype],
                   dtb_dtype=_v.FLOAT_NAMES[dt_bias.dtype], pool=not direct, idx_dtype=idx_dtype, same_pool=same_pool,
                   inter_dtype=inter_dtype, ssm_idx_dtype=ssm_dtype, update=update, l2norm=l2norm,
-                  slot_strided=slot_strided)
+                  slot_strided=slot_strided, **NATIVE_CONVENTIONS)
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
     (q_sn, q_st, q_sh), (k_sn, k_st, k_sh), (v_sn, v_st, v_sh) = q.stride()[:3], k.stride()[:3], v.stride()[:3]
     (a_sn, a_st, a_sh), (b_sn, b_st, b_sh), (o_sn, o_st, o_sh) = a.stride(), b.stride(), output.stride()[:3]
@@ -350,11 +351,14 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         dt_bias=dt_bias.data_ptr(), b=b.data_ptr(), state=pool.data_ptr(),
         read_idx=0 if direct else read_idx.data_ptr(), write_idx=0 if write_idx is None else write_idx.data_ptr(),
         out=output.data_ptr(), inter=0 if inter is None else inter.data_ptr(), ssm_idx=0 if ssm is None else ssm.data_ptr(),
+        cu=0, acc=0, parent=0, inter_idx=0,
         slot_stride=slot_stride, pool_size=pool_size, q_sn=q_sn, q_st=q_st, q_sh=q_sh, k_sn=k_sn, k_st=k_st, k_sh=k_sh,
         v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,
         B=B, H=H, HV=HV, scale=scale, softplus_beta=_SOFTPLUS_BETA, softplus_threshold=_SOFTPLUS_THRESHOLD,
         zero_padding=int(bool(zero_padding)), s_head=s_head, s_row=s_row,
+        read_sn=0 if direct else read_idx.stride(0), read_cols=1, parent_sn=0,
+        inter_rows=0 if inter is None else inter.shape[0],
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)

@@ -37,6 +37,14 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
     causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu,
         Tensor? conv_state_indices, Tensor? num_accepted_tokens, Tensor? query_start_loc,
         int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()
+    engine_step(Tensor q, Tensor k, Tensor v, Tensor? A_log, Tensor a, Tensor? dt_bias, Tensor b,
+        Tensor(a!) state, int T, Tensor read_idx, Tensor? cu_seqlens, Tensor? num_accepted, Tensor? ssm_idx,
+        Tensor(b!)? inter, Tensor? inter_idx, Tensor? parent, bool bounded, bool update, str null_slot, str padding,
+        str gates, float? scale, bool l2norm, float softplus_beta, float softplus_threshold,
+        Tensor(c!) output) -> ()
+
+``engine_step`` is :func:`gdnjit.gdn_engine.engine_step`, the one kernel call behind :mod:`gdnjit.compat`'s
+vLLM and SGLang entry points (which call it through this op while torch.compile traces).
     dequantize_nvfp4(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value,
         int sfLayout, SymInt m, SymInt k) -> Tensor
 
@@ -66,7 +74,9 @@ import torch
 
 from . import conv as _conv
 from . import gdn as _gdn
+from . import gdn_engine as _engine
 from . import nvfp4 as _nvfp4
+from .reference.engine import engine_reference
 from .sf_layout import SfLayout, to_sf_layout
 
 __all__ = [
@@ -76,6 +86,7 @@ __all__ = [
     "nvfp4_quantize",
     "dequantize_nvfp4",
     "causal_conv1d_update",
+    "engine_step",
     "OP_NAMES",
 ]
 
@@ -87,6 +98,7 @@ OP_NAMES = (
     "nvfp4_quantize",
     "dequantize_nvfp4",
     "causal_conv1d_update",
+    "engine_step",
 )
 
 # Schemas, in OP_NAMES order (spelled out so the documented form is exactly what is registered).
@@ -107,6 +119,10 @@ SCHEMAS = (
     "SymInt k) -> Tensor",
     "(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu, Tensor? conv_state_indices, "
     "Tensor? num_accepted_tokens, Tensor? query_start_loc, int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()",
+    "(Tensor q, Tensor k, Tensor v, Tensor? A_log, Tensor a, Tensor? dt_bias, Tensor b, Tensor(a!) state, int T, "
+    "Tensor read_idx, Tensor? cu_seqlens, Tensor? num_accepted, Tensor? ssm_idx, Tensor(b!)? inter, "
+    "Tensor? inter_idx, Tensor? parent, bool bounded, bool update, str null_slot, str padding, str gates, float? scale, "
+    "bool l2norm, float softplus_beta, float softplus_threshold, Tensor(c!) output) -> ()",
 )
 
 # ---- CPU implementations (torch reference, float32) -------------------------------------------
@@ -400,3 +416,46 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
                                           conv_state_indices, num_accepted_tokens, query_start_loc, max_query_len,
                                           pad_slot_id, out)
     return out
+
+
+# ---- the engine step (gdnjit.compat) ---------------------------------------------------------
+
+
+@torch.library.custom_op(f"{NAMESPACE}::engine_step", mutates_args=("state", "inter", "output"), schema=SCHEMAS[6])
+def _engine_op(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter,
+               inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta,
+               softplus_threshold, output) -> None:
+    kw = dict(T=T, read_idx=read_idx, cu_seqlens=cu_seqlens, num_accepted=num_accepted, ssm_idx=ssm_idx, inter=inter,
+              inter_idx=inter_idx, parent=parent, bounded=bounded, update=update, null_slot=null_slot, padding=padding,
+              gates=gates,
+              scale=scale, l2norm=l2norm, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
+    if q.device.type != "cpu":
+        _engine.engine_step(q, k, v, A_log, a, dt_bias, b, state, output=output, **kw)
+        return
+    _engine._prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter,
+                     inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta,
+                     softplus_threshold, output, require_cuda=False)
+    ref = engine_reference(q, k, v, A_log, a, dt_bias, b, state, dtype=torch.float32, **kw)
+    output.copy_(ref.output)
+    state.copy_(ref.state)
+    if inter is not None:
+        inter.copy_(ref.intermediate)
+
+
+@_engine_op.register_fake
+def _(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx, parent,
+      bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta, softplus_threshold, output) -> None:
+    return None
+
+
+def engine_step(q, k, v, A_log, a, dt_bias, b, state, *, T, read_idx, cu_seqlens=None, num_accepted=None,
+                ssm_idx=None, inter=None, inter_idx=None, parent=None, bounded=False, update=True, null_slot="negative",
+                padding="skip", gates="raw", scale=None, l2norm=True, softplus_beta=1.0, softplus_threshold=20.0,
+                output=None) -> torch.Tensor:
+    """:func:`gdnjit.gdn_engine.engine_step` through ``torch.ops.gdnjit``; returns the output."""
+    if output is None:
+        output = torch.empty((*q.shape[:2], v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
+    torch.ops.gdnjit.engine_step(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx,
+                                 inter, inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm,
+                                 float(softplus_beta), float(softplus_threshold), output)
+    return output

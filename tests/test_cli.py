@@ -297,7 +297,9 @@ def test_render_bad_input(cache_dir):
     assert rc == 2 and out == ""
     assert err.strip() == ("gdnjit render: --param: expected params of spec gdn (layout, K, V, T, in_dtype, "
                            "out_dtype, state_dtype, dtb_dtype, pool, idx_dtype, same_pool, inter_dtype, "
-                           "ssm_idx_dtype, update, l2norm, slot_strided), got unknown ['bogus']")
+                           "ssm_idx_dtype, update, l2norm, slot_strided, varlen, bounded, accepted, tree, "
+                           "inter_indexed, null_slot, "
+                           "padding, gates), got unknown ['bogus']")
     rc, out, err = run_cli(["render", "gdn", "-p", "layout"])
     assert rc == 2 and err.strip() == "gdnjit render: --param: expected NAME=VALUE, got 'layout'"
     rc, _, err = run_cli(["render", "gdn", "-p", "K=96"])

@@ -21,6 +21,7 @@ import pytest
 from gdnjit import dispatch
 from gdnjit.spec import get_spec
 from gdnjit.variant import Variant
+from gdnjit.gdn import NATIVE_CONVENTIONS
 
 ARCH = "sm_90"
 AXES = ("layout", "K", "V", "state_dtype")
@@ -105,7 +106,7 @@ def kind_variants() -> list[Variant]:
             (2, 8, 16), ("fp32", "bf16"), (("none", "none", True), ("fp32", "none", False), ("none", "int64", True)),
             (64, 256)):
         p = dict(base, layout="klast", K=K, V=128, T=T, state_dtype=sd, pool=True, inter_dtype=inter,
-                 ssm_idx_dtype=ssm, update=upd, slot_strided=T == 8)  # strided pool slots: runtime head / row strides
+                 ssm_idx_dtype=ssm, update=upd, slot_strided=T == 8, **NATIVE_CONVENTIONS)  # strided pool slots: runtime head / row strides
         for kind in kinds:
             of_kind = [t for t in choices if all(t[k] == v for k, v in kind.items())]
             # the first and the last valid candidate, searched from each end (not every candidate checked)
@@ -220,7 +221,7 @@ def test_strided_slot_variants_of_the_tc_and_mma_forms_compile_clean():
     base = {n: v[0] for n, v in SPEC.params}
     for sd, T, form in (("bf16", 4, "tc"), ("fp32", 8, "tc"), ("bf16", 2, "mma"), ("fp32", 8, "mma")):
         p = dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", pool=True,
-                 slot_strided=True)
+                 slot_strided=True, **NATIVE_CONVENTIONS)
         t = next(t for t in SPEC.all_tunable_choices() if t["form"] == form and SPEC.valid(p, t))
         meta = _variant(p, t).build().meta
         assert meta["spill_bytes"] == 0 and not meta["warnings"], (sd, T, form, meta)

@@ -9,9 +9,10 @@ import pytest
 
 from gdnjit import dispatch
 from gdnjit.spec import get_spec
+from gdnjit.gdn import NATIVE_CONVENTIONS
 
 _GDN_BASE = dict(dtb_dtype="fp32", idx_dtype="int32", same_pool=True, l2norm=True, out_dtype="bf16", update=True,
-                 slot_strided=False)
+                 slot_strided=False, **NATIVE_CONVENTIONS)
 
 
 def _gdn_grid():

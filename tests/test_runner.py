@@ -15,6 +15,7 @@ from gdnjit import config as _config
 from gdnjit import conv, gdn, nvfp4
 from gdnjit.runner import RUNNER, KernelCall, KernelInterfaceError, pointer_names
 from gdnjit.spec import SPEC_DIR, get_spec, load_spec_file
+from gdnjit.gdn import NATIVE_CONVENTIONS
 
 
 def _gdn_call() -> KernelCall:
@@ -135,10 +136,11 @@ import json, sys
 import torch
 import gdnjit.gdn, gdnjit.nvfp4, gdnjit.conv
 from gdnjit.config import get_config
+from gdnjit.gdn import NATIVE_CONVENTIONS
 from gdnjit.runner import build_entry, choose_variant
 from gdnjit.spec import get_spec
 p = dict(layout="klast", K=128, V=128, T=1, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32", dtb_dtype="fp32",
-         pool=True, idx_dtype="int32", same_pool=True, inter_dtype="none", ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False)
+         pool=True, idx_dtype="int32", same_pool=True, inter_dtype="none", ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False, **NATIVE_CONVENTIONS)
 v = choose_variant(get_spec("gdn"), p, dict(B=32, H=16, HV=32, num_sms=132), "sm_90")
 entry = build_entry(v, get_config())
 print(json.dumps({"origin": entry.origin, "loaded": [m for m in ("jinja2", "yaml", "filelock", "cuda.bindings.nvrtc")

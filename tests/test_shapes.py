@@ -13,6 +13,7 @@ import yaml
 from gdnjit.errors import SpecError
 from gdnjit.shapes import SHAPES_DIR, Problem, iter_facts, load_shapes, params_for, resolve_path, shipped_shapes
 from gdnjit.spec import get_spec
+from gdnjit.gdn import NATIVE_CONVENTIONS
 
 SHIPPED = ["qwen35.yaml", "qwen3_next.yaml"]
 QWEN35 = (SHAPES_DIR / "qwen35.yaml").read_text()
@@ -61,7 +62,7 @@ def small_doc() -> dict:
         "batch_sizes": [1, 64],
         "defaults": {
             "in_dtype": "bf16", "out_dtype": "bf16", "dtb_dtype": "fp32", "idx_dtype": "int32",
-            "same_pool": True, "inter_dtype": "none", "ssm_idx_dtype": "none", "update": True, "l2norm": True, "slot_strided": False,
+            "same_pool": True, "inter_dtype": "none", "ssm_idx_dtype": "none", "update": True, "l2norm": True, "slot_strided": False, **NATIVE_CONVENTIONS,
         },
         "calls": [{"name": "decode", "spec": "gdn", "params": {"layout": "klast", "T": 1, "state_dtype": ["fp32", "bf16"], "pool": True}}],
     }

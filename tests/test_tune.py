@@ -9,11 +9,12 @@ import io
 from gdnjit import cli, dispatch
 from gdnjit.spec import get_spec
 from gdnjit.tune import candidate_tunables
+from gdnjit.gdn import NATIVE_CONVENTIONS
 
 SPEC = get_spec("gdn")
 PARAMS = dict(layout="klast", K=128, V=128, T=4, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32",
               dtb_dtype="fp32", pool=True, idx_dtype="int32", same_pool=True, inter_dtype="none",
-              ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False)
+              ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False, **NATIVE_CONVENTIONS)
 FACTS = {"B": 512, "H": 16, "HV": 64, "num_sms": 132}
 
 

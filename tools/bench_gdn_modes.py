@@ -24,6 +24,7 @@ import sys
 import torch
 
 import gdnjit
+from gdnjit.gdn import NATIVE_CONVENTIONS
 
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_common as bc  # noqa: E402
@@ -43,7 +44,7 @@ def params_for(mode: str, T: int) -> dict:
     return dict(layout=m["layout"], K=128, V=128, T=T, in_dtype="bf16", out_dtype="bf16",
                 state_dtype=m["state_dtype"], dtb_dtype="fp32", pool=m["layout"] == "klast" and mode != "klast_direct",
                 idx_dtype="int32", same_pool=True, inter_dtype=m["inter_dtype"], ssm_idx_dtype="none",
-                update=m["update"], l2norm=True, slot_strided=False)
+                update=m["update"], l2norm=True, slot_strided=False, **NATIVE_CONVENTIONS)
 
 
 def floor_bytes(p: dict, B: int, H: int, HV: int) -> int:

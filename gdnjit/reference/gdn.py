@@ -42,7 +42,8 @@ def gdn_reference(q, k, v, A_log, a, dt_bias, b, state, *, layout: str = "klast"
     row (output 0, nothing read or written). ``write_indices`` (default: read slot): negative
     skips the final writeback. ``intermediate`` ``[B, cache_steps, HV, (state layout)]`` receives the
     state after each token. ``ssm_state_indices [B, T]`` writes the state after token t to that
-    slot (negative: skipped) instead of the final writeback. ``disable_state_update``: no pool writes.
+    slot (negative: skipped) instead of the final writeback (with ``write_indices`` as well: FlashInfer's split
+    pool, the final state also goes to ``write_indices[n]``). ``disable_state_update``: no pool writes.
     """
     if layout not in ("klast", "kmajor"):
         raise ValueError(f"layout: expected 'klast' or 'kmajor', got {layout!r}")
@@ -94,7 +95,8 @@ def gdn_reference(q, k, v, A_log, a, dt_bias, b, state, *, layout: str = "klast"
                 slot = int(ssm_state_indices[n, t])
                 if slot >= 0:
                     new_state[slot] = as_stored(ssm_writes[t][n]).to(new_state.dtype)
-            continue
+            if write_indices is None:  # same pool: the per-token writes replace the final writeback
+                continue
         w = int(read[n]) if write_indices is None else int(write_indices[n])
         if w >= 0:
             new_state[w] = as_stored(S[n]).to(new_state.dtype)

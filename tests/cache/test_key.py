@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 from gdnjit.cache.key import CACHE_FORMAT, REQUIRED_FIELDS, cache_key, canonical, entry_name
 from gdnjit.spec import get_spec
 from gdnjit.variant import Variant
+from gdnjit.gdn import NATIVE_CONVENTIONS
 
 REPO = Path(__file__).resolve().parents[2]
 
 BASE_PARAMS = dict(
     layout="klast", K=128, V=128, T=1, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32",
     dtb_dtype="fp32", pool=False, idx_dtype="int32", same_pool=True, inter_dtype="none",
-    ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False,
+    ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False, **NATIVE_CONVENTIONS,
 )
 BASE_TUNABLES = dict(lanes_per_row=8, ilp=2, tile_v=32)
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")

@@ -22,6 +22,7 @@ from gdnjit.cache.key import CACHE_FORMAT, cache_key
 from gdnjit.cache.store import Built, DiskCache
 from gdnjit.config import load_config
 from gdnjit.errors import CacheMissError
+from gdnjit.gdn import NATIVE_CONVENTIONS
 from gdnjit.spec import get_spec
 from gdnjit.variant import Variant
 
@@ -131,7 +132,7 @@ def test_8_processes_x_20_keys_on_an_empty_cache(tmp_path):
 BASE_PARAMS = dict(
     layout="klast", K=128, V=128, T=1, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32",
     dtb_dtype="fp32", pool=False, idx_dtype="int32", same_pool=True, inter_dtype="none",
-    ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False,
+    ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False, **NATIVE_CONVENTIONS,
 )
 
 

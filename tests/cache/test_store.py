@@ -24,6 +24,7 @@ import filelock
 import pytest
 
 from gdnjit import runner
+from gdnjit.gdn import NATIVE_CONVENTIONS
 from gdnjit.cache import store
 from gdnjit.cache.key import CACHE_FORMAT, cache_key
 from gdnjit.cache.store import Built, DiskCache
@@ -84,7 +85,7 @@ FAKE_META, make_cache = _common["FAKE_META"], _common["make_cache"]
 BASE_PARAMS = dict(
     layout="klast", K=128, V=128, T=1, in_dtype="bf16", out_dtype="bf16", state_dtype="fp32",
     dtb_dtype="fp32", pool=False, idx_dtype="int32", same_pool=True, inter_dtype="none",
-    ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False,
+    ssm_idx_dtype="none", update=True, l2norm=True, slot_strided=False, **NATIVE_CONVENTIONS,
 )
 BASE_TUNABLES = dict(lanes_per_row=8, ilp=2, tile_v=32)
 

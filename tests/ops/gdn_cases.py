@@ -12,6 +12,7 @@ import torch
 
 from gdnjit.reference.gdn import gdn_reference
 from gdnjit.tuned import SHIPPED_DIR
+from gdnjit.gdn import NATIVE_CONVENTIONS
 
 DT = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -212,7 +213,7 @@ def case_params(c: Case) -> dict:
             "out_dtype": c.out_dtype or c.in_dtype, "state_dtype": c.state_dtype, "dtb_dtype": c.dtb_dtype,
             "pool": not direct, "idx_dtype": "int32" if direct else c.idx_dtype, "same_pool": c.pool != "split",
             "inter_dtype": c.inter_dtype or "none", "ssm_idx_dtype": c.ssm or "none", "update": c.update,
-            "l2norm": c.l2norm, "slot_strided": False}
+            "l2norm": c.l2norm, "slot_strided": False, **NATIVE_CONVENTIONS}
 
 
 def forced_tunables(spec, params: dict, base: dict, override: dict) -> dict | None:

@@ -112,6 +112,32 @@ def batch_invariant():
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [2, 4, 8])
+@pytest.mark.parametrize("B", [1, 4, 64])
+def test_scatter_into_a_split_pool_also_writes_the_final_state(B, T, state_dtype):
+    """FlashInfer's split-pool scatter (test_gdn_decode_bf16_state_fla_scatter_vs_dense, split_pool=True):
+    ssm_state_indices and output_state_indices together write every token's state to its slot and the final state
+    to output_state_indices[n], bit-identical to the dense buffer's entries; the read slots keep their bits."""
+    H, HV, K, V = 16, 64, 128, 128
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=B * 10 + T)
+    pool0 = torch.randn(B * (T + 2), HV, V, K, device=DEV).to(state_dtype)
+    read = torch.arange(B, device=DEV, dtype=torch.int32)
+    ssm = torch.arange(B, B + B * T, device=DEV, dtype=torch.int32).reshape(B, T)
+    out_idx = torch.arange(B * (T + 1), B * (T + 2), device=DEV, dtype=torch.int32)
+    pool_s, pool_d = pool0.clone(), pool0.clone()
+    o_s, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool_s, read, A_log, a, dt_bias, b, ssm_state_indices=ssm,
+                                         output_state_indices=out_idx, disable_state_update=False)
+    buf = torch.empty(B, T, HV, V, K, device=DEV, dtype=state_dtype)
+    o_d, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool_d, read, A_log, a, dt_bias, b, intermediate_states_buffer=buf,
+                                         disable_state_update=True)
+    torch.cuda.synchronize()
+    assert torch.equal(o_s, o_d)
+    assert torch.equal(pool_s[ssm.long()], buf)
+    assert torch.equal(pool_s[out_idx.long()], buf[:, T - 1])
+    assert torch.equal(pool_s[:B], pool0[:B])
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 2, 4, 8])
 def test_batch_invariant_mode_gives_one_requests_bits_in_any_batch(batch_invariant, T, state_dtype):
     """GDNJIT_BATCH_INVARIANT=1: request 0 alone (B = 1) and inside batches of 3, 64 and 512 gives the same output

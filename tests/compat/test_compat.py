@@ -1,0 +1,113 @@
+"""gdnjit.compat on CPU tensors (the torch reference behind the custom op): the engines' argument mapping, and
+the one-line errors for what is not provided."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdnjit.compat import sglang, vllm
+from gdnjit.reference.gdn import gdn_reference
+
+H, HV, K, V = 2, 4, 64, 64
+
+
+def _inp(total, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    bf = torch.bfloat16
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    return (r(1, total, H, K).to(bf), r(1, total, H, K).to(bf), r(1, total, HV, V).to(bf), r(total, HV).to(bf),
+            r(total, HV).to(bf), r(HV), r(HV), r(12, HV, V, K))
+
+
+def _one(q, k, v, a, b, A, d, S, tok):
+    r = gdn_reference(q[:, tok:tok + 1], k[:, tok:tok + 1], v[:, tok:tok + 1], A, a[None, tok:tok + 1], d,
+                      b[None, tok:tok + 1], S[None].double())
+    return r.output[0, 0], r.state[0]
+
+
+def test_vllm_spec_mapping():
+    q, k, v, a, b, A, d, pool = _inp(5)
+    p0 = pool.clone()
+    cu = torch.tensor([0, 3, 3, 5], dtype=torch.int32)
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6], [7, 0, 9]], dtype=torch.int32)
+    acc = torch.tensor([3, 1, 1], dtype=torch.int32)
+    o, st = vllm.fused_sigmoid_gating_delta_rule_update(A, a, b, d, q, k, v, initial_state=pool, cu_seqlens=cu,
+                                                        ssm_state_indices=idx, num_accepted_tokens=acc,
+                                                        use_qk_l2norm_in_kernel=True)
+    assert st is pool and o.shape == (1, 5, HV, V)
+    S = p0[3]  # request 0 starts from column 2
+    for t in range(3):
+        ot, S = _one(q, k, v, a, b, A, d, S, t)
+        assert torch.allclose(o[0, t].double(), ot, atol=2e-2, rtol=2e-2)
+        assert torch.allclose(pool[t + 1].double(), S, atol=1e-4, rtol=1e-4)
+    S = p0[7]  # request 2: column 0 (slot 7); its second write goes to slot 0 (the null block): dropped
+    for t in range(2):
+        ot, S = _one(q, k, v, a, b, A, d, S, 3 + t)
+        assert torch.allclose(o[0, 3 + t].double(), ot, atol=2e-2, rtol=2e-2)
+    assert torch.allclose(pool[7].double(), _one(q, k, v, a, b, A, d, p0[7], 3)[1], atol=1e-4, rtol=1e-4)
+    for s in (0, 4, 5, 6, 8, 9, 10, 11):
+        assert torch.equal(pool[s], p0[s])
+
+
+def test_vllm_not_inplace():
+    q, k, v, a, b, A, d, pool = _inp(4)
+    p0 = pool.clone()
+    o, fin = vllm.fused_sigmoid_gating_delta_rule_update(
+        A, a, b, d, q, k, v, initial_state=pool, inplace_final_state=False,
+        cu_seqlens=torch.tensor([0, 2, 4], dtype=torch.int32),
+        ssm_state_indices=torch.tensor([[1, 2], [3, 4]], dtype=torch.int32), use_qk_l2norm_in_kernel=True)
+    assert torch.equal(pool, p0) and fin.shape == (4, HV, V, K)
+    _, s0 = _one(q, k, v, a, b, A, d, p0[1], 0)
+    assert torch.allclose(fin[0].double(), s0, atol=1e-4, rtol=1e-4)
+    _, s2 = _one(q, k, v, a, b, A, d, p0[3], 2)
+    assert torch.allclose(fin[2].double(), s2, atol=1e-4, rtol=1e-4)
+
+
+def test_sglang_padding_from_zero_state_and_buffer_rows():
+    q, k, v, a, b, A, d, pool = _inp(4)
+    p0 = pool.clone()
+    buf = torch.full((3, 2, HV, V, K), 7.0)
+    o = sglang.fused_sigmoid_gating_delta_rule_update(
+        A, a, d, 1.0, 20.0, q, k, v, b, pool, torch.tensor([-1, 5], dtype=torch.int32), use_qk_l2norm_in_kernel=True,
+        cu_seqlens=torch.tensor([0, 2, 4], dtype=torch.int32), disable_state_update=True,
+        intermediate_states_buffer=buf, intermediate_state_indices=torch.tensor([2, -1], dtype=torch.int32))
+    assert torch.equal(pool, p0)
+    o0, s0 = _one(q, k, v, a, b, A, d, torch.zeros(HV, V, K), 0)  # padding: from zeros, outputs written
+    assert torch.allclose(o[0, 0].double(), o0, atol=2e-2, rtol=2e-2)
+    assert torch.allclose(buf[2, 0].double(), s0, atol=1e-4, rtol=1e-4)
+    assert torch.equal(buf[:2], torch.full_like(buf[:2], 7.0))  # request 1 has row -1: nothing cached
+
+
+@pytest.mark.parametrize("call,exc,msg", [
+    (lambda x: vllm.fused_sigmoid_gating_delta_rule_update(*x, is_kda=True), NotImplementedError, "is_kda"),
+    (lambda x: vllm.fused_sigmoid_gating_delta_rule_update(*x), ValueError, "initial_state: required"),
+    (lambda x: vllm.fused_sigmoid_gating_delta_rule_update(*x, initial_state=torch.zeros(4, HV, V, K)),
+     NotImplementedError, "ssm_state_indices: required"),
+    (lambda x: vllm.fused_sigmoid_gating_delta_rule_update(
+        *x, initial_state=torch.zeros(4, HV, V, K), ssm_state_indices=torch.zeros(4, dtype=torch.int32),
+        num_accepted_tokens=torch.ones(4, dtype=torch.int32)), ValueError, "num_accepted_tokens: needs a 2-D"),
+    (lambda x: vllm.fused_recurrent_gated_delta_rule(x[4], x[5], x[6], x[1], beta=torch.ones(1, 4, HV, V)),
+     NotImplementedError, "beta: head-wise beta"),
+])
+def test_vllm_errors(call, exc, msg):
+    q, k, v, a, b, A, d, _ = _inp(4)
+    with pytest.raises(exc, match=msg):
+        call((A, a, b, d, q, k, v))
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(is_kda=True), NotImplementedError, "is_kda"),
+    (dict(lower_bound=-5.0), NotImplementedError, "lower_bound"),
+    (dict(cache_ring=True), NotImplementedError, "cache_ring"),
+    (dict(match_cutedsl_decode=True), NotImplementedError, "match_cutedsl_decode"),
+    (dict(retrieve_parent_token=torch.zeros(4, 1, dtype=torch.int32)), ValueError, "retrieve_parent_token: tree"),
+    (dict(intermediate_state_indices=torch.zeros(4, dtype=torch.int32)), ValueError,
+     "intermediate_state_indices: needs"),
+])
+def test_sglang_errors(kw, exc, msg):
+    q, k, v, a, b, A, d, pool = _inp(4)
+    with pytest.raises(exc, match=msg):
+        sglang.fused_sigmoid_gating_delta_rule_update(A, a, d, 1.0, 20.0, q, k, v, b, pool,
+                                                      torch.zeros(4, dtype=torch.int32),
+                                                      cu_seqlens=torch.arange(5, dtype=torch.int32), **kw)

@@ -1,0 +1,347 @@
+"""gdnjit.compat's vLLM and SGLang entry points on the GPU against an independent float64 oracle (issue 25).
+
+The oracle runs each request token by token through the native float64 reference (``gdn_reference``, one token,
+batch 1), following the engines' contracts as written in docs/api.md: varlen requests with 0 tokens, 2-D slot maps
+with accepted counts 1..S, per-token writes with null slots, padding rows, SGLang's buffers and random EAGLE trees
+(depth <= 8, branching <= 4), fp32 and bf16 states, and whole calls captured in CUDA graphs. Outputs and pools are
+poisoned / checked in full: slots no request writes must keep their bits.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from gdnjit.compat import sglang, vllm
+from gdnjit.reference.gdn import gdn_reference
+
+pytestmark = pytest.mark.gpu
+
+DEV = "cuda"
+H, HV, K, V = 4, 8, 128, 128
+F64 = torch.float64
+
+
+def _rel(x, ref):
+    return (x.double() - ref).abs().max().item() / max(ref.abs().max().item(), 1e-6)
+
+
+def _token(q, k, v, a, b, A_log, dtb, S, l2norm=True, given=False):
+    """One token of one request in float64: (output [HV, V], state [HV, V, K])."""
+    if given:  # g, beta given: a = g (log decay), b = beta; run with A_log = 0, dt_bias = 0 and softplus -> identity
+        r = gdn_reference(q[None, None], k[None, None], v[None, None], torch.zeros(HV, dtype=F64),
+                          -a[None, None].double(), torch.zeros(HV, dtype=F64), torch.logit(b.double())[None, None],
+                          S[None].double(), use_qk_l2norm=l2norm, softplus_threshold=-1e30)
+    else:
+        r = gdn_reference(q[None, None], k[None, None], v[None, None], A_log, a[None, None], dtb, b[None, None],
+                          S[None].double(), use_qk_l2norm=l2norm)
+    return r.output[0, 0], r.state[0]
+
+
+def _inputs(total, sdt, seed):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    bf = torch.bfloat16
+    q = torch.randn(1, total, H, K, generator=g).to(bf)
+    k = torch.randn(1, total, H, K, generator=g).to(bf)
+    v = torch.randn(1, total, HV, V, generator=g).to(bf)
+    a = torch.randn(total, HV, generator=g).to(bf)
+    b = torch.randn(total, HV, generator=g).to(bf)
+    A_log = torch.rand(HV, generator=g)
+    dtb = torch.randn(HV, generator=g)
+    pool = (torch.randn(64, HV, V, K, generator=g) * 0.1).to(sdt)
+    return q, k, v, a, b, A_log, dtb, pool
+
+
+def _cuda(*xs):
+    return [x.to(DEV) for x in xs]
+
+
+def _tol(sdt):
+    return (2e-2, 2e-3) if sdt == torch.float32 else (2e-2, 2e-2)  # (bf16 outputs, state)
+
+
+# ---- vLLM -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N,S", [(1, 2), (7, 4), (33, 8), (70, 3)])
+def test_vllm_spec_varlen_accepted(N, S, sdt):
+    """vLLM's spec-decode call: varlen lengths 0..S, 2-D slot map (null block 0 in padded rows and columns),
+    accepted counts 1..S; the state after token t lands in column t; other slots keep their bits."""
+    rng = random.Random(N * 100 + S)
+    lens = [rng.randint(0, S) for _ in range(N)]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    total = max(cu[-1], 1)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(total, sdt, N + S)
+    pool = torch.cat([pool] * (1 + (N * S) // 60))  # room for distinct slots
+    slots = rng.sample(range(1, pool.shape[0]), N * S)
+    idx = torch.tensor(slots, dtype=torch.int32).view(N, S)
+    for n in range(N):
+        if rng.random() < 0.15:
+            idx[n] = 0  # a padded request (null block)
+        elif rng.random() < 0.2:
+            idx[n, rng.randrange(S)] = 0  # a dropped write
+    acc = torch.tensor([rng.randint(1, S) for _ in range(N)], dtype=torch.int32)
+    for n in range(N):
+        if idx[n, acc[n] - 1] == 0 and rng.random() < 0.5:
+            idx[n, acc[n] - 1] = slots[n * S + acc[n] - 1]
+    exp_out = torch.zeros(1, total, HV, V, dtype=F64)
+    exp_pool = pool.double().clone()
+    written = set()
+    for n in range(N):
+        slot = int(idx[n, acc[n] - 1])
+        if lens[n] == 0 or slot <= 0:
+            continue
+        S_ = pool[slot]
+        for t in range(lens[n]):
+            tok = cu[n] + t
+            o, S_ = _token(q[0, tok], k[0, tok], v[0, tok], a[tok], b[tok], A_log, dtb, S_)
+            exp_out[0, tok] = o
+            dst = int(idx[n, t])
+            if dst > 0:
+                exp_pool[dst] = S_
+                written.add(dst)
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    cud, idxd, accd = _cuda(torch.tensor(cu, dtype=torch.int32), idx, acc)
+    o, st = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd,
+                                                        inplace_final_state=True, cu_seqlens=cud,
+                                                        ssm_state_indices=idxd, num_accepted_tokens=accd,
+                                                        use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    assert st is pd
+    otol, stol = _tol(sdt)
+    assert _rel(o.cpu(), exp_out) < otol
+    untouched = [s for s in range(pool.shape[0]) if s not in written]
+    assert torch.equal(pd.cpu()[untouched], pool[untouched])
+    if written:
+        w = sorted(written)
+        assert _rel(pd.cpu()[w], exp_pool[w]) < stol
+
+
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+def test_vllm_decode_1d_strided_indices_null_block(sdt):
+    """vLLM's non-spec decode: varlen of 1-token requests (padded tail of length 0), 1-D indices that are a column
+    view of a block table (strided), slot 0 = null block (skipped: zero output, slot 0 untouched)."""
+    N = 37
+    rng = random.Random(5)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N, sdt, 11)
+    table = torch.zeros(N + 3, 4, dtype=torch.int32)
+    table[:N, 0] = torch.tensor(rng.sample(range(1, 64), N), dtype=torch.int32)
+    table[3, 0] = 0
+    cu = list(range(N + 1)) + [N, N, N]  # three padded requests of length 0
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    tabd = table.to(DEV)
+    o, _ = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd,
+                                                       cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=DEV),
+                                                       ssm_state_indices=tabd[:, 0], use_qk_l2norm_in_kernel=True)
+    torch.cuda.synchronize()
+    exp_out = torch.zeros(1, N, HV, V, dtype=F64)
+    exp_pool = pool.double().clone()
+    for n in range(N):
+        s = int(table[n, 0])
+        if s <= 0:
+            continue
+        exp_out[0, n], exp_pool[s] = _token(q[0, n], k[0, n], v[0, n], a[n], b[n], A_log, dtb, pool[s])
+    otol, stol = _tol(sdt)
+    assert _rel(o.cpu(), exp_out) < otol
+    assert _rel(pd.cpu(), exp_pool) < stol
+    assert torch.equal(pd.cpu()[0], pool[0])
+
+
+@pytest.mark.parametrize("given", [False, True])
+def test_vllm_not_inplace_and_given_gates(given):
+    """inplace_final_state=False: every token's state in a new [total, HV, V, K] tensor (row = flat token), the pool
+    untouched; fused_recurrent_gated_delta_rule with g / beta computed outside."""
+    N, S = 9, 4
+    rng = random.Random(3)
+    lens = [rng.randint(0, S) for _ in range(N)]
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    total = cu[-1]
+    q, k, v, a, b, A_log, dtb, pool = _inputs(total, torch.float32, 21)
+    idx = torch.tensor(rng.sample(range(1, 64), N * S), dtype=torch.int32).view(N, S)
+    acc = torch.tensor([rng.randint(1, S) for _ in range(N)], dtype=torch.int32)
+    g_log = -torch.rand(total, HV) * 2  # given gates (fp32)
+    beta = torch.rand(total, HV)
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    args = dict(initial_state=pd, inplace_final_state=False, cu_seqlens=torch.tensor(cu, dtype=torch.int32,
+                device=DEV), ssm_state_indices=idx.to(DEV), num_accepted_tokens=acc.to(DEV), use_qk_l2norm_in_kernel=True)
+    if given:
+        o, fin = vllm.fused_recurrent_gated_delta_rule(qd, kd, vd, g_log.to(DEV), beta.to(DEV), **args)
+    else:
+        o, fin = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, **args)
+    torch.cuda.synchronize()
+    assert torch.equal(pd.cpu(), pool) and fin.shape == (total, HV, V, K)
+    exp_out = torch.zeros(1, total, HV, V, dtype=F64)
+    exp_fin = torch.zeros(total, HV, V, K, dtype=F64)
+    for n in range(N):
+        S_ = pool[int(idx[n, acc[n] - 1])]
+        for t in range(lens[n]):
+            tok = cu[n] + t
+            if given:
+                o_, S_ = _token(q[0, tok], k[0, tok], v[0, tok], g_log[tok], beta[tok], A_log, dtb, S_, given=True)
+            else:
+                o_, S_ = _token(q[0, tok], k[0, tok], v[0, tok], a[tok], b[tok], A_log, dtb, S_)
+            exp_out[0, tok], exp_fin[tok] = o_, S_
+    assert _rel(o.cpu(), exp_out) < 2e-2
+    assert _rel(fin.cpu(), exp_fin) < 2e-3
+
+
+def test_vllm_graph_capture():
+    """A captured vLLM spec call replays with new inputs copied into its buffers (same results as eager)."""
+    N, S = 16, 4
+    rng = random.Random(8)
+    cu = torch.arange(0, N * S + 1, S, dtype=torch.int32)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N * S, torch.float32, 31)
+    pool = torch.cat([pool, pool])
+    idx = torch.tensor(rng.sample(range(1, 128), N * S), dtype=torch.int32).view(N, S)
+    acc = torch.tensor([rng.randint(1, S) for _ in range(N)], dtype=torch.int32)
+    bufs = _cuda(q, k, v, a, b, A_log, dtb, pool.clone(), cu, idx, acc)
+    qd, kd, vd, ad, bd, Ad, dd, pd, cud, idxd, accd = bufs
+
+    def call():
+        return vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd,
+                                                           cu_seqlens=cud, ssm_state_indices=idxd,
+                                                           num_accepted_tokens=accd, use_qk_l2norm_in_kernel=True)[0]
+    call()  # compile outside the capture
+    pd.copy_(pool.to(DEV))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    q2, k2, v2, *_ = _inputs(N * S, torch.float32, 32)
+    acc2 = torch.tensor([rng.randint(1, S) for _ in range(N)], dtype=torch.int32)
+    for dst, src in ((qd, q2), (kd, k2), (vd, v2), (accd, acc2)):
+        dst.copy_(src.to(DEV))
+    pd.copy_(pool.to(DEV))
+    graph.replay()
+    torch.cuda.synchronize()
+    got_out, got_pool = out.clone(), pd.clone()
+    pd.copy_(pool.to(DEV))
+    ref = call()
+    torch.cuda.synchronize()
+    assert torch.equal(got_out, ref) and torch.equal(got_pool, pd)
+
+
+# ---- SGLang ---------------------------------------------------------------------------------------
+
+
+def _random_tree(T, rng):
+    """parent[t] < t for t >= 1 (root 0), each node with at most 4 children (depth <= T <= 8)."""
+    parent, children = [0], [0] * T
+    for t in range(1, T):
+        p = rng.choice([i for i in range(t) if children[i] < 4])
+        children[p] += 1
+        parent.append(p)
+    return parent
+
+
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tree", [False, True])
+@pytest.mark.parametrize("N,T", [(1, 2), (5, 4), (24, 8), (64, 6)])
+def test_sglang_verify(N, T, tree, sdt):
+    """SGLang's target verify: uniform draft length T as varlen, disable_state_update, the per-step buffer with
+    intermediate_state_indices (a -1 row: not cached), padding requests (slot -1: zero state, outputs written),
+    random EAGLE trees; the pool keeps its bits."""
+    rng = random.Random(N * 10 + T + 1000 * tree)
+    total = N * T
+    q, k, v, a, b, A_log, dtb, pool = _inputs(total, sdt, N + T)
+    slots = torch.tensor(rng.sample(range(64), N), dtype=torch.int32)
+    for n in range(N):
+        if rng.random() < 0.15:
+            slots[n] = -1
+    rows = torch.tensor(rng.sample(range(N + 2), N), dtype=torch.int32)
+    for n in range(N):
+        if rng.random() < 0.1:
+            rows[n] = -1
+    parents = torch.tensor([_random_tree(T, rng) for _ in range(N)], dtype=torch.int32) if tree else None
+    buf = torch.full((N + 2, T, HV, V, K), float("nan"), dtype=sdt)
+    exp_out = torch.zeros(1, total, HV, V, dtype=F64)
+    exp_buf = buf.double().clone()
+    for n in range(N):
+        S_ = pool[int(slots[n])].double() if slots[n] >= 0 else torch.zeros(HV, V, K, dtype=F64)
+        r = int(rows[n])
+        for t in range(T):
+            tok = n * T + t
+            if tree and t > 0 and r >= 0:
+                S_ = exp_buf[r, int(parents[n, t])]
+            o_, S_ = _token(q[0, tok], k[0, tok], v[0, tok], a[tok], b[tok], A_log, dtb, S_)
+            exp_out[0, tok] = o_
+            if r >= 0:
+                exp_buf[r, t] = S_.to(sdt).double()  # stored in the buffer's dtype (a tree reloads the rounded value)
+    qd, kd, vd, ad, bd, Ad, dd, pd, bufd = _cuda(q, k, v, a, b, A_log, dtb, pool, buf)
+    o = sglang.fused_sigmoid_gating_delta_rule_update(
+        Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots.to(DEV), use_qk_l2norm_in_kernel=True,
+        cu_seqlens=torch.arange(0, total + 1, T, dtype=torch.int32, device=DEV), disable_state_update=True,
+        intermediate_states_buffer=bufd, intermediate_state_indices=rows.to(DEV), cache_steps=T,
+        retrieve_parent_token=None if parents is None else parents.to(DEV))
+    torch.cuda.synchronize()
+    otol, stol = _tol(sdt)
+    assert torch.equal(pd.cpu(), pool)
+    assert _rel(o.cpu(), exp_out) < otol
+    used = sorted(int(r) for r in rows if r >= 0)
+    unused = [r for r in range(N + 2) if r not in used]
+    assert torch.isnan(bufd.cpu()[unused].float()).all()
+    assert _rel(bufd.cpu()[used], exp_buf[used]) < stol
+
+
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+def test_sglang_decode_update(sdt):
+    """SGLang's generic decode: 1-token varlen requests, state updated in place, a -1 slot computed from zeros."""
+    N = 19
+    rng = random.Random(2)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N, sdt, 41)
+    slots = torch.tensor(rng.sample(range(64), N), dtype=torch.int32)
+    slots[4] = -1
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    o = sglang.fused_sigmoid_gating_delta_rule_update(Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots.to(DEV),
+                                                      use_qk_l2norm_in_kernel=True,
+                                                      cu_seqlens=torch.arange(N + 1, dtype=torch.int32, device=DEV))
+    torch.cuda.synchronize()
+    exp_out = torch.zeros(1, N, HV, V, dtype=F64)
+    exp_pool = pool.double().clone()
+    for n in range(N):
+        s = int(slots[n])
+        S0 = pool[s] if s >= 0 else torch.zeros(HV, V, K)
+        exp_out[0, n], S_ = _token(q[0, n], k[0, n], v[0, n], a[n], b[n], A_log, dtb, S0)
+        if s >= 0:
+            exp_pool[s] = S_
+    otol, stol = _tol(sdt)
+    assert _rel(o.cpu(), exp_out) < otol
+    assert _rel(pd.cpu(), exp_pool) < stol
+
+
+def test_sglang_tree_graph_capture():
+    """A captured SGLang tree verify replays with new drafts and new trees copied into its buffers."""
+    N, T = 32, 8
+    rng = random.Random(9)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, torch.bfloat16, 51)
+    par = torch.tensor([_random_tree(T, rng) for _ in range(N)], dtype=torch.int32)
+    buf = torch.zeros(N, T, HV, V, K, dtype=torch.bfloat16)
+    bufs = _cuda(q, k, v, a, b, A_log, dtb, pool, buf, par, torch.arange(N, dtype=torch.int32),
+                 torch.arange(0, N * T + 1, T, dtype=torch.int32))
+    qd, kd, vd, ad, bd, Ad, dd, pd, bufd, pard, slotd, cud = bufs
+
+    def call():
+        return sglang.fused_sigmoid_gating_delta_rule_update(
+            Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slotd, use_qk_l2norm_in_kernel=True, cu_seqlens=cud,
+            disable_state_update=True, intermediate_states_buffer=bufd, intermediate_state_indices=slotd,
+            retrieve_parent_token=pard)
+    call()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call()
+    q2, k2, v2, *_ = _inputs(N * T, torch.bfloat16, 52)
+    par2 = torch.tensor([_random_tree(T, rng) for _ in range(N)], dtype=torch.int32)
+    for dst, src in ((qd, q2), (kd, k2), (vd, v2), (pard, par2)):
+        dst.copy_(src.to(DEV))
+    graph.replay()
+    torch.cuda.synchronize()
+    got_out, got_buf = out.clone(), bufd.clone()
+    ref = call()
+    torch.cuda.synchronize()
+    assert torch.equal(got_out, ref) and torch.equal(got_buf, bufd)
