@@ -1,0 +1,1 @@
+"""Harness stand-in for ``flashinfer.quantization`` (see ``flashinfer/__init__.py``)."""
