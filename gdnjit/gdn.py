@@ -229,17 +229,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
             raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
         _v.same_device(name, x, device)
         _v.shape_is(name, x, (B, T, HV), "[B, T, HV]")
-    _v.tensor("A_log", A_log, 1)
-    _v.dtype_in("A_log", A_log, (torch.float32,))
-    _v.same_device("A_log", A_log, device)
-    _v.shape_is("A_log", A_log, (HV,), "[HV]")
-    _v.tensor("dt_bias", dt_bias, 1)
-    _v.dtype_in("dt_bias", dt_bias, (torch.float32, torch.bfloat16, torch.float16))
-    _v.same_device("dt_bias", dt_bias, device)
-    _v.shape_is("dt_bias", dt_bias, (HV,), "[HV]")
-    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
-        if HV > 1 and x.stride(0) != 1:
-            raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
+    _v.gate_params(A_log, dt_bias, HV, device)
     if scale is None:
         scale = K ** -0.5
     else:

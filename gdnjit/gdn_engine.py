@@ -103,20 +103,6 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     return output
 
 
-def _gate_params(A_log, dt_bias, HV: int, device) -> None:
-    _v.tensor("A_log", A_log, 1)
-    _v.dtype_in("A_log", A_log, (torch.float32,))
-    _v.same_device("A_log", A_log, device)
-    _v.shape_is("A_log", A_log, (HV,), "[HV]")
-    _v.tensor("dt_bias", dt_bias, 1)
-    _v.dtype_in("dt_bias", dt_bias, (torch.float32, torch.bfloat16, torch.float16))
-    _v.same_device("dt_bias", dt_bias, device)
-    _v.shape_is("dt_bias", dt_bias, (HV,), "[HV]")
-    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
-        if HV > 1 and x.stride(0) != 1:
-            raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
-
-
 def _int32_vector(name: str, x: torch.Tensor, n: int, device) -> None:
     _v.tensor(name, x, 1)
     _v.dtype_in(name, x, (torch.int32,))
@@ -183,7 +169,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
         _v.same_device(name, x, device)
         _v.shape_is(name, x, (*lead, HV), f"[{lead[0]}, {lead[1]}, HV]")
     if not given:
-        _gate_params(A_log, dt_bias, HV, device)
+        _v.gate_params(A_log, dt_bias, HV, device)
     elif A_log is not None or dt_bias is not None:
         raise ValueError("A_log, dt_bias: not used with given gates (g, beta); pass None")
     scale = K ** -0.5 if scale is None else _v.real_number("scale", scale)

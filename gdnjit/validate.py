@@ -130,3 +130,18 @@ def boolean(name: str, x: Any) -> bool:
     if not isinstance(x, bool):
         raise TypeError(f"{name}: expected a bool, got {type(x).__name__}")
     return x
+
+
+def gate_params(A_log: Any, dt_bias: Any, HV: int, device: torch.device) -> None:
+    """The GDN gate parameters: fp32 ``A_log [HV]`` and ``dt_bias [HV]`` (fp32 / bf16 / fp16), contiguous, on ``device``."""
+    tensor("A_log", A_log, 1)
+    dtype_in("A_log", A_log, (torch.float32,))
+    same_device("A_log", A_log, device)
+    shape_is("A_log", A_log, (HV,), "[HV]")
+    tensor("dt_bias", dt_bias, 1)
+    dtype_in("dt_bias", dt_bias, (torch.float32, torch.bfloat16, torch.float16))
+    same_device("dt_bias", dt_bias, device)
+    shape_is("dt_bias", dt_bias, (HV,), "[HV]")
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        if HV > 1 and x.stride(0) != 1:
+            raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
