@@ -7,6 +7,8 @@ Public API (FlashInfer-compatible names and parameters):
 - :func:`gated_delta_rule_mtp` — multi-token / speculative verify step over a state pool
 - :func:`nvfp4_quantize`, :class:`SfLayout`, :func:`dequantize_nvfp4` — NVFP4 activation quantization
 - :func:`causal_conv1d_update` — the short causal conv before GDN (vLLM's signature), over a conv-state pool
+- :func:`gated_delta_rule_replayssm_commit` — FlashInfer's ReplaySSM commit: replay accepted cached tokens into
+  checkpoints (with ``gated_delta_rule_mtp(cache_replayssm=True, ...)``)
 
 Kernels are rendered from YAML specs + Jinja templates, compiled with NVRTC on first use and
 cached on disk (``GDNJIT_CACHE_DIR``); precompile with ``gdnjit warm --shapes qwen35.yaml``.
@@ -24,6 +26,7 @@ _LAZY = {
     "dequantize_nvfp4": "nvfp4",
     "SfLayout": "nvfp4",
     "causal_conv1d_update": "conv",
+    "gated_delta_rule_replayssm_commit": "replay",
 }
 
 
@@ -48,6 +51,7 @@ __all__ = [
     "dequantize_nvfp4",
     "SfLayout",
     "causal_conv1d_update",
+    "gated_delta_rule_replayssm_commit",
     "CacheMissError",
     "CompileError",
     "CudaError",

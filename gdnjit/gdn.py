@@ -36,7 +36,8 @@ _SOFTPLUS_BETA = 1.0
 _SOFTPLUS_THRESHOLD = 20.0
 # The engine-convention params of the gdn spec (gdnjit/gdn_engine.py sets them) at their native values.
 NATIVE_CONVENTIONS = dict(varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
-                          null_slot="negative", padding="skip", gates="raw")
+                          null_slot="negative", padding="skip", gates="raw", replay_cache=False, replay=False,
+                          track=False)
 
 
 def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, like: Optional[torch.Tensor] = None):
@@ -54,7 +55,7 @@ _GUARDS_PER_KEY = 4
 # The kernel arguments a bound launch takes per call, in the order _run gathers them (the runner checks
 # them against the spec's leading pointer args by name when it binds).
 _POINTERS = ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "write_idx", "out", "inter", "ssm_idx",
-             "cu", "acc", "parent", "inter_idx")
+             "cu", "acc", "parent", "inter_idx", "rk", "rv", "rg", "rb", "trk_idx", "trk_step")
 _OUT = _POINTERS.index("out")
 
 
@@ -88,7 +89,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
                 b.data_ptr(), pool.data_ptr(), 0 if read_idx is None else read_idx.data_ptr(),
                 0 if write_idx is None else write_idx.data_ptr(), 0 if output is None else output.data_ptr(),
-                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(), 0, 0, 0, 0)
+                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
         gkey = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
                 (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15, read_idx is None, write_idx is None, output is None,
@@ -341,14 +342,14 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         dt_bias=dt_bias.data_ptr(), b=b.data_ptr(), state=pool.data_ptr(),
         read_idx=0 if direct else read_idx.data_ptr(), write_idx=0 if write_idx is None else write_idx.data_ptr(),
         out=output.data_ptr(), inter=0 if inter is None else inter.data_ptr(), ssm_idx=0 if ssm is None else ssm.data_ptr(),
-        cu=0, acc=0, parent=0, inter_idx=0,
+        cu=0, acc=0, parent=0, inter_idx=0, rk=0, rv=0, rg=0, rb=0, trk_idx=0, trk_step=0,
         slot_stride=slot_stride, pool_size=pool_size, q_sn=q_sn, q_st=q_st, q_sh=q_sh, k_sn=k_sn, k_st=k_st, k_sh=k_sh,
         v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,
         B=B, H=H, HV=HV, scale=scale, softplus_beta=_SOFTPLUS_BETA, softplus_threshold=_SOFTPLUS_THRESHOLD,
         zero_padding=int(bool(zero_padding)), s_head=s_head, s_row=s_row,
         read_sn=0 if direct else read_idx.stride(0), read_cols=1, parent_sn=0,
-        inter_rows=0 if inter is None else inter.shape[0],
+        inter_rows=0 if inter is None else inter.shape[0], layer_rows=0, layer_slots=0,
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)
@@ -465,8 +466,8 @@ def pretranspose_flags(q, initial_state, output, intermediate_states_buffer, dis
 
 def mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g,
               replayssm_beta) -> Tuple[bool, bool]:
-    """(frozen, zero_padding) of a ``gated_delta_rule_mtp`` call (eager and torch op alike): ReplaySSM refused,
-    None = frozen (FlashInfer 0.7.2), a caller's padding rows kept."""
+    """(frozen, zero_padding) of a ``gated_delta_rule_mtp`` call without the ReplaySSM cache (the torch op refuses
+    it), None = frozen (FlashInfer 0.7.2), a caller's padding rows kept."""
     unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
     return disable_flag(disable_state_update, frozen_if_none=True), output is None
 
@@ -516,15 +517,33 @@ def gated_delta_rule_decode(
 
 
 def unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta) -> None:
-    """NotImplementedError for FlashInfer 0.7.2's ReplaySSM caching arguments of gated_delta_rule_mtp."""
+    """NotImplementedError for FlashInfer 0.7.2's ReplaySSM caching arguments of the gated_delta_rule_mtp torch op."""
     if cache_replayssm is not None and not isinstance(cache_replayssm, (bool, int)):
         raise TypeError(f"cache_replayssm: expected a bool, got {type(cache_replayssm).__name__}")
     given = [n for n, x in (("replayssm_rawv", replayssm_rawv), ("replayssm_rawk", replayssm_rawk),
                             ("replayssm_g", replayssm_g), ("replayssm_beta", replayssm_beta)) if x is not None]
     if cache_replayssm or given:
-        raise NotImplementedError("cache_replayssm / replayssm_*: FlashInfer's ReplaySSM verify cache is not provided "
-                                  f"by gdnjit yet (got cache_replayssm={cache_replayssm!r}, {given or 'no buffers'}); "
-                                  "use intermediate_states_buffer or ssm_state_indices")
+        raise NotImplementedError("cache_replayssm / replayssm_*: the ReplaySSM verify cache is not provided through the "
+                                  f"torch op (got cache_replayssm={cache_replayssm!r}, {given or 'no buffers'}); call "
+                                  "gdnjit.gated_delta_rule_mtp")
+
+
+def replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta):
+    """FlashInfer 0.7.2's ReplaySSM arguments of ``gated_delta_rule_mtp`` -> the four caches (rawv, rawk, g, beta),
+    or None when caching is off (one-line errors for a non-bool flag, a missing cache, caches without the flag)."""
+    if cache_replayssm is not None and (isinstance(cache_replayssm, float) or not isinstance(cache_replayssm, (bool, int))):
+        raise TypeError(f"cache_replayssm: expected a bool, got {type(cache_replayssm).__name__}")
+    named = (("replayssm_rawv", replayssm_rawv), ("replayssm_rawk", replayssm_rawk), ("replayssm_g", replayssm_g),
+             ("replayssm_beta", replayssm_beta))
+    if not cache_replayssm:
+        given = [n for n, x in named if x is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: given without cache_replayssm=True")
+        return None
+    missing = [n for n, x in named if x is None]
+    if missing:
+        raise ValueError(f"{', '.join(missing)}: required with cache_replayssm=True")
+    return tuple(x for _, x in named)
 
 
 def gated_delta_rule_mtp(
@@ -567,11 +586,27 @@ def gated_delta_rule_mtp(
             FutureWarning.
         output_state_indices: ``[B]`` write slots (split pool); negative skips the writeback.
         cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta: FlashInfer 0.7.2's
-            ReplaySSM cache; not provided yet (NotImplementedError when set).
+            ReplaySSM cache: with ``cache_replayssm=True`` each token's raw k ``[pool, H, T, K]``, v ``[pool, HV, T,
+            V]`` (q's dtype), log decay g and beta ``[pool, HV, T]`` (fp32) are stored at the request's read slot,
+            for :func:`gdnjit.replay.gated_delta_rule_replayssm_commit` (dense pool slots; not with
+            ``output_state_indices``).
 
     Returns:
         ``(output [B, T, HV, V], initial_state)``.
     """
+    caches = replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
+    if caches is not None:
+        if output_state_indices is not None:
+            raise ValueError("output_state_indices: not with cache_replayssm (the caches are indexed by the read slot)")
+        from .gdn_engine import engine_step
+
+        frozen = disable_flag(disable_state_update, frozen_if_none=True)
+        T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+        out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices,
+                          ssm_idx=ssm_state_indices, inter=intermediate_states_buffer, update=not frozen,
+                          scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
+                          zero_padding=output is None)
+        return out, initial_state
     frozen, zero_padding = mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv, replayssm_rawk,
                                      replayssm_g, replayssm_beta)
     out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,

@@ -55,7 +55,8 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
                 null_slot: str = "negative",
                 padding: str = "skip", gates: str = "raw", scale: Optional[float] = None, l2norm: bool = True,
                 softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                output: Optional[torch.Tensor] = None) -> torch.Tensor:
+                output: Optional[torch.Tensor] = None, replay_cache: Optional[tuple] = None,
+                zero_padding: bool = True) -> torch.Tensor:
     """One GDN step over a state pool under an engine's conventions (module docstring); returns the output
     ``[*q.shape[:2], HV, V]`` (``output`` if given, else a new tensor of q's dtype).
 
@@ -67,13 +68,18 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     read_idx ``[N]`` (any stride) or, with ``num_accepted`` (int32 ``[N]``), ``[N, S]`` (unit column stride);
     ssm_idx ``[N, T]``; inter ``[rows, steps, HV, V, K]`` (inner four dims dense); inter_idx ``[N]`` of
     read_idx's dtype; parent int32 ``[N, >= T]`` (unit column stride; needs ``inter``); cu_seqlens int32 ``[N + 1]``.
+    ``replay_cache``: FlashInfer's ReplaySSM caches ``(rawv [slots, HV, T, V], rawk [slots, H, T, K], g [slots, HV,
+    T], beta [slots, HV, T])`` (v / k in q's dtype, g / beta fp32, contiguous; not with ``cu_seqlens``): each
+    token's raw k, v, log decay and beta are stored at the request's read slot. ``zero_padding``: padding rows
+    get zero outputs (False: their rows of a given ``output`` are left as they were).
     """
     config = RUNNER.sync()
+    rc = replay_cache if isinstance(replay_cache, tuple) and len(replay_cache) == 4 else (None,) * 4
     tensors = (q, k, v, A_log, a, dt_bias, b, state, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx,
-               parent, output)
+               parent, output) + rc
     try:
         sig = (tuple(_sig(x) for x in tensors), T, bounded, type(bounded), update, type(update), null_slot, padding,
-               gates, scale, type(scale),
+               gates, scale, type(scale), zero_padding, type(zero_padding), replay_cache is None,
                l2norm, type(l2norm), softplus_beta, softplus_threshold,
                (q.data_ptr() | k.data_ptr() | state.data_ptr() | _ptr(inter)) & 15)
         hit = _memo.get(sig)
@@ -83,7 +89,7 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
         output, call = _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx,
                                 inter, inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm,
                                 softplus_beta,
-                                softplus_threshold, output)
+                                softplus_threshold, output, replay_cache=replay_cache, zero_padding=zero_padding)
         if call is None:
             return output
         bound = RUNNER.bind(call, _POINTERS)
@@ -98,9 +104,30 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
             output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), _ptr(A_log), a.data_ptr(), _ptr(dt_bias),
             b.data_ptr(), state.data_ptr(), read_idx.data_ptr(), 0, output.data_ptr(), _ptr(inter), _ptr(ssm_idx),
-            _ptr(cu_seqlens), _ptr(num_accepted), _ptr(parent), _ptr(inter_idx))
+            _ptr(cu_seqlens), _ptr(num_accepted), _ptr(parent), _ptr(inter_idx), _ptr(rc[1]), _ptr(rc[0]), _ptr(rc[2]),
+            _ptr(rc[3]), 0, 0)
     launch_on(dev, bound, ptrs)
     return output
+
+
+def _replay_caches(caches, slots: int, H: int, HV: int, T: int, K: int, V: int, in_dtype, device):
+    """FlashInfer's ReplaySSM verify caches for a pool of ``slots``: (rawv, rawk, g, beta), checked."""
+    if not isinstance(caches, (tuple, list)) or len(caches) != 4:
+        raise TypeError("replay_cache: expected (replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)")
+    out = []
+    for name, x, shape, dtypes in (("replayssm_rawv", caches[0], (slots, HV, T, V), (in_dtype,)),
+                                   ("replayssm_rawk", caches[1], (slots, H, T, K), (in_dtype,)),
+                                   ("replayssm_g", caches[2], (slots, HV, T), (torch.float32,)),
+                                   ("replayssm_beta", caches[3], (slots, HV, T), (torch.float32,))):
+        _v.tensor(name, x, len(shape))
+        _v.dtype_in(name, x, dtypes)
+        _v.same_device(name, x, device)
+        _v.shape_is(name, x, shape, "[slots, heads, T, dim]" if len(shape) == 4 else "[slots, HV, T]")
+        if not x.is_contiguous():
+            raise ValueError(f"{name}: expected a contiguous tensor, got strides {x.stride()}")
+        _v.aligned(name, x, 16)
+        out.append(x)
+    return out
 
 
 def _int32_vector(name: str, x: torch.Tensor, n: int, device) -> None:
@@ -114,7 +141,7 @@ def _int32_vector(name: str, x: torch.Tensor, n: int, device) -> None:
 
 def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx,
              parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta, softplus_threshold, output,
-             require_cuda: bool = True):
+             require_cuda: bool = True, replay_cache=None, zero_padding: bool = True):
     """Every check; (output, KernelCall or None when there is no request). ``require_cuda=False``: CPU tests."""
     (_v.cuda_tensor if require_cuda else _v.tensor)("q", q, 4)
     _v.dtype_in("q", q, _IN_DTYPES)
@@ -272,6 +299,13 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
         if parent.shape[1] > 1 and parent.stride(1) != 1:
             raise ValueError(f"retrieve_parent_token: expected unit stride along dim 1, got strides {parent.stride()}")
 
+    rawv = rawk = g_cache = beta_cache = None
+    if replay_cache is not None:
+        rawv, rawk, g_cache, beta_cache = _replay_caches(replay_cache, state.shape[0], H, HV, T, K, V, q.dtype, device)
+        if varlen:
+            raise ValueError("replayssm caches: not with cu_seqlens (the caches hold T tokens per slot)")
+    zero_padding = _v.boolean("zero_padding", zero_padding)
+
     # --- output -------------------------------------------------------------------------------
     out_shape = (*lead, HV, V)
     if output is None:
@@ -293,7 +327,8 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
                   update=update, l2norm=l2norm, slot_strided=False,
                   varlen=varlen, bounded=varlen and bounded, accepted=accepted, tree=parent is not None,
                   inter_indexed=inter_idx is not None,
-                  null_slot=null_slot, padding=padding, gates=gates)
+                  null_slot=null_slot, padding=padding, gates=gates, replay_cache=replay_cache is not None, replay=False,
+                  track=False)
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
 
     def strides(x):
@@ -309,13 +344,15 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), A_log=_ptr(A_log), a=a.data_ptr(),
         dt_bias=_ptr(dt_bias), b=b.data_ptr(), state=state.data_ptr(), read_idx=read_idx.data_ptr(), write_idx=0,
         out=output.data_ptr(), inter=_ptr(inter), ssm_idx=_ptr(ssm_idx), cu=_ptr(cu_seqlens), acc=_ptr(num_accepted),
-        parent=_ptr(parent), inter_idx=_ptr(inter_idx),
+        parent=_ptr(parent), inter_idx=_ptr(inter_idx), rk=_ptr(rawk), rv=_ptr(rawv), rg=_ptr(g_cache),
+        rb=_ptr(beta_cache), trk_idx=0, trk_step=0,
         slot_stride=state.stride(0), pool_size=state.shape[0], q_sn=q_sn, q_st=q_st, q_sh=q_sh, k_sn=k_sn, k_st=k_st,
         k_sh=k_sh, v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,
         B=N, H=H, HV=HV, scale=scale, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
-        zero_padding=1, s_head=V * K, s_row=K, read_sn=read_idx.stride(0), read_cols=read_cols,
+        zero_padding=int(zero_padding), s_head=V * K, s_row=K, read_sn=read_idx.stride(0), read_cols=read_cols,
         parent_sn=0 if parent is None else parent.stride(0), inter_rows=0 if inter is None else inter.shape[0],
+        layer_rows=0, layer_slots=0,
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=N, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)

@@ -28,7 +28,7 @@ MUTATED = {
     "nvfp4_quantize": set(),
     "dequantize_nvfp4": set(),
     "causal_conv1d_update": {"conv_state", "out"},
-    "engine_step": {"state", "inter", "output"},
+    "engine_step": {"state", "inter", "output", "rawv", "rawk", "g_cache", "beta_cache"},
 }
 
 

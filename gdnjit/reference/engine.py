@@ -8,19 +8,30 @@ share a slot), writes are rounded to the pool / buffer dtype, the running state 
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from .gdn import GdnReferenceResult, gates as _gates
+from .gdn import gates as _gates
+
+
+@dataclasses.dataclass
+class EngineReferenceResult:
+    output: torch.Tensor               # [*q.shape[:2], HV, V] in the compute dtype; skipped requests' rows 0
+    state: torch.Tensor                # the pool after the call (a new tensor, the pool's dtype)
+    intermediate: torch.Tensor | None  # the intermediate buffer after the call, if given
+    skipped: torch.Tensor              # bool [*q.shape[:2]]: token rows of requests nothing was computed for
+    replay_cache: tuple | None         # the ReplaySSM caches (rawv, rawk, g, beta) after the call, if given
 
 
 def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, cu_seqlens=None,
                      num_accepted=None, ssm_idx=None, inter=None, inter_idx=None, parent=None, bounded: bool = False,
-                     update: bool = True,
-                     null_slot: str = "negative", padding: str = "skip", gates: str = "raw", scale=None,
-                     l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                     dtype=torch.float64) -> GdnReferenceResult:
+                     update: bool = True, null_slot: str = "negative", padding: str = "skip", gates: str = "raw",
+                     scale=None, l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
+                     replay_cache=None, dtype=torch.float64) -> EngineReferenceResult:
     """Same arguments as :func:`gdnjit.gdn_engine.engine_step` (``T`` unused but accepted alike); ``output``
-    ``[*q.shape[:2], HV, V]`` in ``dtype`` (zeros for skipped requests' and unused rows)."""
+    ``[*q.shape[:2], HV, V]`` in ``dtype`` (zeros for skipped requests' and unused rows); ``replay_cache`` (the
+    ReplaySSM caches) receives each computed token's raw v / k, log decay and beta at the read slot."""
     del T, bounded  # bounds the kernel enforces (a trap); the reference computes any length
     lead, H, K = tuple(q.shape[:2]), q.shape[2], q.shape[3]
     HV, V = v.shape[2], v.shape[3]
@@ -36,6 +47,8 @@ def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, 
     out = torch.zeros((*lead, HV, V), dtype=dtype)
     new_state = state.clone()
     new_inter = None if inter is None else inter.clone()
+    caches = None if replay_cache is None else [f(c).clone() for c in replay_cache]
+    skipped = torch.zeros(lead, dtype=torch.bool)
     min_slot = 1 if null_slot == "nonpositive" else 0
     varlen = cu_seqlens is not None
     N = cu_seqlens.numel() - 1 if varlen else lead[0]
@@ -53,6 +66,7 @@ def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, 
             slot = int(read_idx[n])
         pad = slot < min_slot
         if pad and padding == "skip":
+            skipped[row, bos:bos + length] = True
             continue
         S = torch.zeros((HV, V, K), dtype=dtype) if pad else state[slot].to(dtype)
         if inter is None:
@@ -74,6 +88,11 @@ def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, 
             kt = kt.repeat_interleave(rep, 0)  # [HV, K]
             g = g_all[row, tok].view(HV, 1, 1)
             beta = beta_all[row, tok].view(HV, 1)
+            if caches is not None and not pad:  # ReplaySSM: raw k / v, log decay and beta at the read slot
+                caches[0][slot, :, t] = v[row, tok].to(caches[0].dtype)
+                caches[1][slot, :, t] = k[row, tok].to(caches[1].dtype)
+                caches[2][slot, :, t] = torch.log(g.view(HV)).to(caches[2].dtype)
+                caches[3][slot, :, t] = beta.view(HV).to(caches[3].dtype)
             S = S * g
             u = (v[row, tok].to(dtype) - torch.einsum("hvk,hk->hv", S, kt)) * beta
             S = S + u.unsqueeze(-1) * kt.unsqueeze(1)
@@ -89,4 +108,4 @@ def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, 
                     new_state[dst] = S.to(new_state.dtype)
         if update and ssm_idx is None and not pad:
             new_state[slot] = S.to(new_state.dtype)
-    return GdnReferenceResult(out, new_state, new_inter)
+    return EngineReferenceResult(out, new_state, new_inter, skipped, None if caches is None else tuple(caches))

@@ -202,10 +202,14 @@ def test_flashinfer_value_conventions(monkeypatch):
     assert seen[0][0] is False and seen[0][1]["zero_padding"] is True
     mtp(output=torch.empty(3, 4, 4, 128, dtype=torch.bfloat16), disable_state_update=False)
     assert seen[-1][1]["zero_padding"] is False  # a caller's buffer keeps its padding rows
-    with pytest.raises(NotImplementedError, match="ReplaySSM"):
+    # FlashInfer's ReplaySSM cache: all four buffers with the flag, none without it (one-line errors)
+    with pytest.raises(ValueError, match="replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta: required with "
+                                         "cache_replayssm=True"):
         mtp(disable_state_update=True, cache_replayssm=True)
-    with pytest.raises(NotImplementedError, match="replayssm_rawv"):
+    with pytest.raises(ValueError, match="replayssm_rawv: given without cache_replayssm=True"):
         mtp(disable_state_update=True, replayssm_rawv=torch.zeros(1))
+    with pytest.raises(TypeError, match="cache_replayssm: expected a bool, got float"):
+        mtp(disable_state_update=True, cache_replayssm=1.0)
 
     pre = lambda **kw: gdnjit.gated_delta_rule_decode_pretranspose(t["q"], t["k"], t["v"], t["state"], t["A_log"],  # noqa: E731
                                                                    t["a"], t["dt_bias"], t["b"], **kw)

@@ -1,0 +1,178 @@
+"""FlashInfer 0.7.2's ReplaySSM commit on gdnjit's kernels: fold the accepted prefix of each request's cached draft
+tokens into its checkpoint state (speculative decoding without storing T states).
+
+Verify (:func:`gdnjit.gated_delta_rule_mtp` with ``cache_replayssm=True``) caches, per pool slot, each draft
+token's raw k, v, log decay g and beta; after acceptance this commit replays the first ``accept_lens[i]`` of them
+into slot ``state_indices[i]`` of every layer's checkpoint, the only state write (math:
+:mod:`gdnjit.reference.replay`). The kernel is the ``gdn`` spec's recurrent form with ``replay`` set: the cached
+tokens are its inputs (rows = slots), no q, no outputs. This module validates and builds the named call.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import validate as _v
+from .gdn import MAX_T, SUPPORTED_DIMS, _POINTERS, _STATE_DTYPES, uses_pdl
+from .runner import RUNNER, KernelCall, launch_on
+from .spec import get_spec
+
+_BACKENDS = ("auto", "simt", "tcgen05")
+_memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, device)
+_MEMO_MAX = 256
+
+
+def _sig(x):
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+
+
+def gated_delta_rule_replayssm_commit(
+    checkpoint_state: torch.Tensor,
+    rawv_cache: torch.Tensor,
+    rawk_cache: torch.Tensor,
+    g_cache: torch.Tensor,
+    beta_cache: torch.Tensor,
+    state_indices: torch.Tensor,
+    accept_lens: torch.Tensor,
+    *,
+    track_state_indices: Optional[torch.Tensor] = None,
+    track_steps: Optional[torch.Tensor] = None,
+    use_qk_l2norm: bool = True,
+    null_block_id: int = -1,
+    backend: str = "auto",
+) -> None:
+    """Replay the accepted prefix of each request's cached tokens into its checkpoint, in place (FlashInfer 0.7.2's
+    signature and layouts; any GPU gdnjit runs on, fp32 or bf16 checkpoint, K / V in 64 / 128 / 256, T 1..16).
+
+    Args:
+        checkpoint_state: ``[L, slots, HV, V, K]`` fp32 / bf16, contiguous: every layer's checkpoint pool.
+        rawv_cache: ``[L, slots, HV, T, V]`` bf16 / fp16; rawk_cache ``[L, slots, H, T, K]`` (the same dtype; k before
+            the l2norm); g_cache, beta_cache ``[L, slots, HV, T]`` fp32 (log decay, beta after the sigmoid). Contiguous.
+        state_indices: ``[B]`` int32 / int64 slots; a slot ``<= null_block_id`` is skipped.
+        accept_lens: ``[B]`` int32 in 0..T: request i replays its first ``accept_lens[i]`` cached tokens (0: nothing).
+        track_state_indices, track_steps: optional ``[B]`` (the indices' dtype / int32): also save the state after
+            token ``track_steps[i]`` (zero-based, inside the accepted prefix) to slot ``track_state_indices[i]``
+            (skipped when that slot is ``<= null_block_id``).
+        use_qk_l2norm: normalise the cached k (eps 1e-6 under the square root), as verify did.
+        null_block_id: -1 (negative slots are padding) or 0 (vLLM's null block: slots <= 0 skipped).
+        backend: "auto" / "simt" run gdnjit's kernel; "tcgen05" (FlashInfer's Blackwell tensor-core commit) is not
+            provided (NotImplementedError).
+
+    Values a kernel cannot check without a device read (a slot past the pool, an accept length outside 0..T) stop it
+    with a trap. Graph capturable; one launch for all layers and requests.
+    """
+    if not isinstance(backend, str) or backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
+    if backend == "tcgen05":
+        raise NotImplementedError("backend='tcgen05': FlashInfer's Blackwell tensor-core commit is not provided by "
+                                  "gdnjit; use 'auto' or 'simt'")
+    config = RUNNER.sync()
+    tensors = (checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
+               track_state_indices, track_steps)
+    try:
+        sig = (tuple(_sig(x) for x in tensors), use_qk_l2norm, type(use_qk_l2norm), null_block_id,
+               type(null_block_id), (checkpoint_state.data_ptr() | rawk_cache.data_ptr() | rawv_cache.data_ptr()) & 15)
+        hit = _memo.get(sig)
+    except (AttributeError, TypeError, RuntimeError):
+        sig = hit = None
+    if hit is None:
+        call = _prepare(*tensors, use_qk_l2norm, null_block_id)
+        if call is None:
+            return
+        bound, dev = RUNNER.bind(call, _POINTERS), call.device
+        if sig is not None and not config.check_indices:
+            if len(_memo) >= _MEMO_MAX:
+                _memo.clear()
+            _memo[sig] = (bound, dev)
+    else:
+        bound, dev = hit
+    ptrs = [0] * len(_POINTERS)
+    for name, x in (("q", rawk_cache), ("k", rawk_cache), ("v", rawv_cache), ("a", g_cache), ("b", beta_cache),
+                    ("state", checkpoint_state), ("read_idx", state_indices), ("acc", accept_lens),
+                    ("trk_idx", track_state_indices), ("trk_step", track_steps)):
+        if x is not None:
+            ptrs[_POINTERS.index(name)] = x.data_ptr()
+    launch_on(dev, bound, tuple(ptrs))
+
+
+def _cache(name: str, x, shape: tuple, dtypes, device) -> None:
+    _v.tensor(name, x, len(shape))
+    _v.dtype_in(name, x, dtypes)
+    _v.same_device(name, x, device)
+    _v.shape_is(name, x, shape, "[L, slots, heads, T, dim]" if len(shape) == 5 else "[L, slots, HV, T]")
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {x.stride()}")
+    _v.aligned(name, x, 16)
+
+
+def _vector(name: str, x, B: int, dtypes, device) -> None:
+    _v.tensor(name, x, 1)
+    _v.dtype_in(name, x, dtypes)
+    _v.same_device(name, x, device)
+    _v.shape_is(name, x, (B,), f"[B={B}]")
+    if B > 1 and x.stride(0) != 1:
+        raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
+
+
+def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
+             track_state_indices, track_steps, use_qk_l2norm, null_block_id, require_cuda: bool = True):
+    """Every check; the named call (None when there is nothing to replay)."""
+    (_v.cuda_tensor if require_cuda else _v.tensor)("checkpoint_state", checkpoint_state, 5)
+    _v.dtype_in("checkpoint_state", checkpoint_state, _STATE_DTYPES)
+    device = checkpoint_state.device
+    L, S, HV, V, K = checkpoint_state.shape
+    if K not in SUPPORTED_DIMS or V not in SUPPORTED_DIMS:
+        raise ValueError(f"checkpoint_state: K and V must be in {SUPPORTED_DIMS}, got shape {tuple(checkpoint_state.shape)}")
+    if not checkpoint_state.is_contiguous():
+        raise ValueError(f"checkpoint_state: expected a contiguous tensor, got strides {checkpoint_state.stride()}")
+    _v.aligned("checkpoint_state", checkpoint_state, 16)
+    _v.tensor("rawk_cache", rawk_cache, 5)
+    H, T = rawk_cache.shape[2], rawk_cache.shape[3]
+    if not 1 <= T <= MAX_T:
+        raise ValueError(f"rawk_cache: the cached tokens T (dim 3) must be in 1..{MAX_T}, got {T}")
+    if H < 1 or HV % H:
+        raise ValueError(f"rawk_cache: its heads H={H} must divide HV={HV}")
+    _cache("rawk_cache", rawk_cache, (L, S, H, T, K), (torch.bfloat16, torch.float16), device)
+    _cache("rawv_cache", rawv_cache, (L, S, HV, T, V), (rawk_cache.dtype,), device)
+    _cache("g_cache", g_cache, (L, S, HV, T), (torch.float32,), device)
+    _cache("beta_cache", beta_cache, (L, S, HV, T), (torch.float32,), device)
+    _v.tensor("state_indices", state_indices, 1)
+    B = state_indices.shape[0]
+    _vector("state_indices", state_indices, B, _v.INDEX_NAMES, device)
+    _vector("accept_lens", accept_lens, B, (torch.int32,), device)
+    if (track_state_indices is None) != (track_steps is None):
+        raise ValueError("track_state_indices, track_steps: pass both or neither")
+    if track_steps is not None:
+        _vector("track_state_indices", track_state_indices, B, (state_indices.dtype,), device)
+        _vector("track_steps", track_steps, B, (torch.int32,), device)
+    use_qk_l2norm = _v.boolean("use_qk_l2norm", use_qk_l2norm)
+    if isinstance(null_block_id, bool) or null_block_id not in (-1, 0):
+        raise ValueError(f"null_block_id: expected -1 (negative slots are padding) or 0 (slots <= 0), got "
+                         f"{null_block_id!r}")
+    if B == 0 or L == 0:
+        return None
+    params = dict(layout="klast", K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[rawk_cache.dtype],
+                  out_dtype=_v.FLOAT_NAMES[rawk_cache.dtype], state_dtype=_v.FLOAT_NAMES[checkpoint_state.dtype],
+                  dtb_dtype="fp32", pool=True, idx_dtype=_v.INDEX_NAMES[state_indices.dtype], same_pool=True,
+                  inter_dtype="none", ssm_idx_dtype="none", update=True, l2norm=use_qk_l2norm, slot_strided=False,
+                  varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
+                  null_slot="negative" if null_block_id == -1 else "nonpositive", padding="skip", gates="given",
+                  replay_cache=False, replay=True, track=track_steps is not None)
+    p = lambda x: 0 if x is None else x.data_ptr()  # noqa: E731
+    args = dict(
+        q=rawk_cache.data_ptr(), k=rawk_cache.data_ptr(), v=rawv_cache.data_ptr(), A_log=0, a=g_cache.data_ptr(),
+        dt_bias=0, b=beta_cache.data_ptr(), state=checkpoint_state.data_ptr(), read_idx=state_indices.data_ptr(),
+        write_idx=0, out=0, inter=0, ssm_idx=0, cu=0, acc=accept_lens.data_ptr(), parent=0, inter_idx=0, rk=0, rv=0,
+        rg=0, rb=0, trk_idx=p(track_state_indices), trk_step=p(track_steps),
+        slot_stride=HV * V * K, pool_size=L * S,
+        # the caches as pools of L * S slots: (slot, token, head) element strides
+        q_sn=H * T * K, q_st=K, q_sh=T * K, k_sn=H * T * K, k_st=K, k_sh=T * K, v_sn=HV * T * V, v_st=V, v_sh=T * V,
+        a_sn=HV * T, a_st=1, a_sh=T, b_sn=HV * T, b_st=1, b_sh=T, o_sn=0, o_st=0, o_sh=0, inter_sn=0, ssm_sn=0,
+        ssm_st=0, B=L * B, H=H, HV=HV, scale=1.0, softplus_beta=1.0, softplus_threshold=20.0, zero_padding=0,
+        s_head=V * K, s_row=K, read_sn=1, read_cols=1, parent_sn=0, inter_rows=0, layer_rows=B, layer_slots=S,
+    )
+    dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
+    return KernelCall(get_spec("gdn"), params, dict(B=L * B, H=H, HV=HV), args, dev,
+                      pdl=uses_pdl(dev) if require_cuda else False)

@@ -1,0 +1,105 @@
+"""gdnjit.replay (FlashInfer's ReplaySSM commit) and the verify cache of gated_delta_rule_mtp on CPU tensors: one-line
+errors, the named calls, and their variants compile for sm_90 with no spills, no stack frame and no warnings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gdnjit import dispatch
+from gdnjit.gdn_engine import _prepare as engine_prepare
+from gdnjit.replay import _prepare, gated_delta_rule_replayssm_commit
+from gdnjit.spec import get_spec
+from gdnjit.variant import Variant
+
+L, S, H, HV, T, K, V, B = 2, 10, 4, 8, 4, 128, 128, 5
+bf = torch.bfloat16
+
+
+def _commit_args(**kw):
+    d = dict(checkpoint_state=torch.zeros(L, S, HV, V, K), rawv_cache=torch.zeros(L, S, HV, T, V, dtype=bf),
+             rawk_cache=torch.zeros(L, S, H, T, K, dtype=bf), g_cache=torch.zeros(L, S, HV, T),
+             beta_cache=torch.zeros(L, S, HV, T), state_indices=torch.zeros(B, dtype=torch.int32),
+             accept_lens=torch.zeros(B, dtype=torch.int32), track_state_indices=None, track_steps=None,
+             use_qk_l2norm=True, null_block_id=-1)
+    d.update(kw)
+    return d
+
+
+def prep(**kw):
+    return _prepare(*_commit_args(**kw).values(), require_cuda=False)
+
+
+def test_commit_call():
+    call = prep(null_block_id=0, track_state_indices=torch.zeros(B, dtype=torch.int32),
+                track_steps=torch.zeros(B, dtype=torch.int32))
+    p, a = call.params, call.args
+    assert (p["replay"], p["track"], p["gates"], p["null_slot"], p["T"], p["update"]) == (True, True, "given",
+                                                                                          "nonpositive", T, True)
+    assert a["B"] == L * B and a["layer_rows"] == B and a["layer_slots"] == S and a["pool_size"] == L * S
+    assert (a["k_sn"], a["k_st"], a["k_sh"]) == (H * T * K, K, T * K)  # the cache as a pool of L * S slots
+    assert (a["v_sn"], a["a_sn"], a["a_sh"]) == (HV * T * V, HV * T, T)
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(checkpoint_state=torch.zeros(L, S, HV, V, 96)), ValueError, "checkpoint_state: K and V must be in"),
+    (dict(checkpoint_state=torch.zeros(L, S, HV, V, K, dtype=torch.float16)), TypeError,
+     "checkpoint_state: expected dtype float32, bfloat16"),
+    (dict(rawk_cache=torch.zeros(L, S, 3, T, K, dtype=bf)), ValueError, "rawk_cache: its heads H=3 must divide HV=8"),
+    (dict(rawk_cache=torch.zeros(L, S, H, 17, K, dtype=bf)), ValueError, "rawk_cache: the cached tokens T"),
+    (dict(rawv_cache=torch.zeros(L, S, HV, T, V, dtype=torch.float16)), TypeError, "rawv_cache: expected dtype bfloat16"),
+    (dict(g_cache=torch.zeros(L, S, HV, T + 1)), ValueError, "g_cache: expected shape"),
+    (dict(beta_cache=torch.zeros(L, S, HV, T, dtype=bf)), TypeError, "beta_cache: expected dtype float32"),
+    (dict(accept_lens=torch.zeros(B, dtype=torch.int64)), TypeError, "accept_lens: expected dtype int32"),
+    (dict(accept_lens=torch.zeros(B + 1, dtype=torch.int32)), ValueError, "accept_lens: expected shape"),
+    (dict(track_steps=torch.zeros(B, dtype=torch.int32)), ValueError, "track_state_indices, track_steps: pass both"),
+    (dict(null_block_id=5), ValueError, "null_block_id: expected -1"),
+    (dict(use_qk_l2norm=1), TypeError, "use_qk_l2norm: expected a bool"),
+])
+def test_commit_errors(kw, exc, msg):
+    with pytest.raises(exc) as e:
+        prep(**kw)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_commit_backends():
+    with pytest.raises(NotImplementedError, match="backend='tcgen05'"):
+        gated_delta_rule_replayssm_commit(*list(_commit_args().values())[:7], backend="tcgen05")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        gated_delta_rule_replayssm_commit(*list(_commit_args().values())[:7], backend="cuda")
+
+
+def _mtp_cache_call(sdt=torch.float32, **over):
+    N = 3
+    caches = (torch.zeros(S, HV, T, V, dtype=bf), torch.zeros(S, H, T, K, dtype=bf), torch.zeros(S, HV, T),
+              torch.zeros(S, HV, T))
+    args = dict(q=torch.zeros(N, T, H, K, dtype=bf), k=torch.zeros(N, T, H, K, dtype=bf),
+                v=torch.zeros(N, T, HV, V, dtype=bf), A_log=torch.zeros(HV), a=torch.zeros(N, T, HV, dtype=bf),
+                dt_bias=torch.zeros(HV), b=torch.zeros(N, T, HV, dtype=bf), state=torch.zeros(S, HV, V, K, dtype=sdt),
+                T=T, read_idx=torch.zeros(N, dtype=torch.int32), cu_seqlens=None, num_accepted=None, ssm_idx=None,
+                inter=None, inter_idx=None, parent=None, bounded=False, update=False, null_slot="negative",
+                padding="skip", gates="raw", scale=None, l2norm=True, softplus_beta=1.0, softplus_threshold=20.0,
+                output=None)
+    args.update(over)
+    return engine_prepare(*args.values(), require_cuda=False, replay_cache=caches, zero_padding=False)
+
+
+def test_mtp_cache_call_and_errors():
+    _, call = _mtp_cache_call()
+    assert call.params["replay_cache"] is True and call.args["rk"] != 0 and call.args["zero_padding"] == 0
+    with pytest.raises(ValueError, match=r"replayssm_rawv: expected shape \[slots, heads, T, dim\]"):
+        _mtp_cache_call(state=torch.zeros(S + 1, HV, V, K))
+
+
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+def test_replay_variants_compile_without_spills(sdt):
+    spec = get_spec("gdn")
+    calls = [prep(checkpoint_state=torch.zeros(L, S, HV, V, K, dtype=sdt)),
+             prep(checkpoint_state=torch.zeros(L, S, HV, V, K, dtype=sdt),
+                  track_state_indices=torch.zeros(B, dtype=torch.int32), track_steps=torch.zeros(B, dtype=torch.int32)),
+             _mtp_cache_call(sdt)[1]]
+    for call in calls:
+        for rows in (1, 64, 512):
+            tun, _ = dispatch.select(spec, call.params, dict(B=rows, H=H, HV=64, num_sms=132))
+            meta = Variant.make(spec, call.params, tun, "sm_90").build().meta
+            assert meta["spill_bytes"] == 0 and meta["stack_bytes"] == 0 and not meta["warnings"], (call.params, tun)
