@@ -215,15 +215,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     _v.same_device("v", v, device)
     if tuple(v.shape[:2]) != (B, T):
         raise ValueError(f"v: expected shape [B={B}, T={T}, HV, V], got {tuple(v.shape)}")
-    HV, V = v.shape[2], v.shape[3]
-    if V not in SUPPORTED_DIMS:
-        raise ValueError(f"v: head dim V must be one of {SUPPORTED_DIMS}, got {V}")
-    if HV < H or HV % H:
-        raise ValueError(f"v: number of value heads HV={HV} must be a positive multiple of H={H} (q heads)")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _v.inner_contiguous(name, x)
-    _v.aligned("q", q, 16)
-    _v.aligned("k", k, 16)
+    HV, V = _v.value_heads(q, k, v, SUPPORTED_DIMS)
     for name, x in (("a", a), ("b", b)):
         _v.tensor(name, x, 3)
         if x.dtype != q.dtype:

@@ -114,20 +114,12 @@ def _replay_caches(caches, slots: int, H: int, HV: int, T: int, K: int, V: int, 
     """FlashInfer's ReplaySSM verify caches for a pool of ``slots``: (rawv, rawk, g, beta), checked."""
     if not isinstance(caches, (tuple, list)) or len(caches) != 4:
         raise TypeError("replay_cache: expected (replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)")
-    out = []
-    for name, x, shape, dtypes in (("replayssm_rawv", caches[0], (slots, HV, T, V), (in_dtype,)),
-                                   ("replayssm_rawk", caches[1], (slots, H, T, K), (in_dtype,)),
-                                   ("replayssm_g", caches[2], (slots, HV, T), (torch.float32,)),
-                                   ("replayssm_beta", caches[3], (slots, HV, T), (torch.float32,))):
-        _v.tensor(name, x, len(shape))
-        _v.dtype_in(name, x, dtypes)
-        _v.same_device(name, x, device)
-        _v.shape_is(name, x, shape, "[slots, heads, T, dim]" if len(shape) == 4 else "[slots, HV, T]")
-        if not x.is_contiguous():
-            raise ValueError(f"{name}: expected a contiguous tensor, got strides {x.stride()}")
-        _v.aligned(name, x, 16)
-        out.append(x)
-    return out
+    return [_v.dense_buffer(name, x, shape, dtypes, device, "[slots, heads, T, dim]" if len(shape) == 4 else
+                            "[slots, HV, T]")
+            for name, x, shape, dtypes in (("replayssm_rawv", caches[0], (slots, HV, T, V), (in_dtype,)),
+                                           ("replayssm_rawk", caches[1], (slots, H, T, K), (in_dtype,)),
+                                           ("replayssm_g", caches[2], (slots, HV, T), (torch.float32,)),
+                                           ("replayssm_beta", caches[3], (slots, HV, T), (torch.float32,)))]
 
 
 def _int32_vector(name: str, x: torch.Tensor, n: int, device) -> None:
@@ -175,15 +167,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
     _v.shape_is("k", k, q.shape, "q.shape")
     if tuple(v.shape[:2]) != lead:
         raise ValueError(f"v: expected shape [{lead[0]}, {lead[1]}, HV, V], got {tuple(v.shape)}")
-    HV, V = v.shape[2], v.shape[3]
-    if V not in SUPPORTED_DIMS:
-        raise ValueError(f"v: head dim V must be one of {SUPPORTED_DIMS}, got {V}")
-    if HV < H or HV % H:
-        raise ValueError(f"v: number of value heads HV={HV} must be a positive multiple of H={H} (q heads)")
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        _v.inner_contiguous(name, x)
-    _v.aligned("q", q, 16)
-    _v.aligned("k", k, 16)
+    HV, V = _v.value_heads(q, k, v, SUPPORTED_DIMS)
     if gates not in ("raw", "given"):
         raise ValueError(f"gates: expected 'raw' or 'given', got {gates!r}")
     given = gates == "given"

@@ -98,13 +98,7 @@ def gated_delta_rule_replayssm_commit(
 
 
 def _cache(name: str, x, shape: tuple, dtypes, device) -> None:
-    _v.tensor(name, x, len(shape))
-    _v.dtype_in(name, x, dtypes)
-    _v.same_device(name, x, device)
-    _v.shape_is(name, x, shape, "[L, slots, heads, T, dim]" if len(shape) == 5 else "[L, slots, HV, T]")
-    if not x.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor, got strides {x.stride()}")
-    _v.aligned(name, x, 16)
+    _v.dense_buffer(name, x, shape, dtypes, device, "[L, slots, heads, T, dim]" if len(shape) == 5 else "[L, slots, HV, T]")
 
 
 def _vector(name: str, x, B: int, dtypes, device) -> None:

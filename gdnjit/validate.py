@@ -145,3 +145,31 @@ def gate_params(A_log: Any, dt_bias: Any, HV: int, device: torch.device) -> None
     for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
         if HV > 1 and x.stride(0) != 1:
             raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
+
+
+def value_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: tuple) -> tuple:
+    """(HV, V) of the GDN inputs q, k ``[.., H, K]`` and v ``[.., HV, V]`` (shapes of q / k and v's leading dims
+    checked by the caller): V in ``dims``, HV a positive multiple of H, last dims contiguous, q / k 16-byte aligned."""
+    H, HV, V = q.shape[-2], v.shape[-2], v.shape[-1]
+    if V not in dims:
+        raise ValueError(f"v: head dim V must be one of {dims}, got {V}")
+    if HV < H or HV % H:
+        raise ValueError(f"v: number of value heads HV={HV} must be a positive multiple of H={H} (q heads)")
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        inner_contiguous(name, x)
+    aligned("q", q, 16)
+    aligned("k", k, 16)
+    return HV, V
+
+
+def dense_buffer(name: str, x: Any, shape: tuple, dtypes: Iterable[torch.dtype], device: torch.device,
+                 what: str) -> torch.Tensor:
+    """A contiguous, 16-byte aligned tensor of exactly ``shape`` (described as ``what``), one of ``dtypes``."""
+    tensor(name, x, len(shape))
+    dtype_in(name, x, dtypes)
+    same_device(name, x, device)
+    shape_is(name, x, shape, what)
+    if not x.is_contiguous():
+        raise ValueError(f"{name}: expected a contiguous tensor, got strides {x.stride()}")
+    aligned(name, x, 16)
+    return x
