@@ -74,6 +74,9 @@ class Constraint:
     line: int | None = None
 
 
+_DISPATCH_VIEWS: dict = {}  # (spec, params items) -> Spec.dispatch_view (bounded)
+
+
 @dataclasses.dataclass(frozen=True)
 class Spec:
     """A validated kernel spec. Immutable; build with :func:`load_spec_file` or :func:`get_spec`."""
@@ -105,11 +108,23 @@ class Spec:
         call's own params): modes with the same arithmetic get the same tunables."""
         if not self.dispatch_params:
             return dict(params)
+        # memoised on the params (a warm plan asks for the same few thousand times: ~45% of a cached warm's time)
+        try:
+            key = (self, tuple(params.items()))
+            hit = _DISPATCH_VIEWS.get(key)
+        except TypeError:  # an unhashable value: computed, not memoised
+            key = hit = None
+        if hit is not None:
+            return dict(hit)
         view = dict(params)
         for n, e in self.dispatch_params:
             if n in params and _expr.names_in(e) <= params.keys():  # a partial dict: what it holds
                 view[n] = _expr.evaluate(e, params)
-        return view
+        if key is not None:
+            if len(_DISPATCH_VIEWS) >= 4096:
+                _DISPATCH_VIEWS.clear()
+            _DISPATCH_VIEWS[key] = view
+        return dict(view)
 
     def dispatch_facts(self, facts: Mapping[str, Any], batch_invariant: bool) -> dict[str, Any]:
         """``facts`` as the rules and tuned tables see them: in batch-invariant mode the batch fact is
