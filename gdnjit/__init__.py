@@ -9,6 +9,8 @@ Public API (FlashInfer-compatible names and parameters):
 - :func:`causal_conv1d_update` — the short causal conv before GDN (vLLM's signature), over a conv-state pool
 - :func:`gated_delta_rule_replayssm_commit` — FlashInfer's ReplaySSM commit: replay accepted cached tokens into
   checkpoints (with ``gated_delta_rule_mtp(cache_replayssm=True, ...)``)
+- :func:`gated_delta_rule_spec_step`, :func:`gated_delta_rule_spec_flush`, :class:`SpecCache`, :func:`spec_cache` —
+  gdnjit's fused speculative step: replay the previous step's accepted tokens and verify the new ones in one pass
 
 Kernels are rendered from YAML specs + Jinja templates, compiled with NVRTC on first use and
 cached on disk (``GDNJIT_CACHE_DIR``); precompile with ``gdnjit warm --shapes qwen35.yaml``.
@@ -27,6 +29,10 @@ _LAZY = {
     "SfLayout": "nvfp4",
     "causal_conv1d_update": "conv",
     "gated_delta_rule_replayssm_commit": "replay",
+    "gated_delta_rule_spec_step": "spec_step",
+    "gated_delta_rule_spec_flush": "spec_step",
+    "SpecCache": "spec_step",
+    "spec_cache": "spec_step",
 }
 
 
@@ -52,6 +58,10 @@ __all__ = [
     "SfLayout",
     "causal_conv1d_update",
     "gated_delta_rule_replayssm_commit",
+    "gated_delta_rule_spec_step",
+    "gated_delta_rule_spec_flush",
+    "SpecCache",
+    "spec_cache",
     "CacheMissError",
     "CompileError",
     "CudaError",

@@ -37,7 +37,7 @@ _SOFTPLUS_THRESHOLD = 20.0
 # The engine-convention params of the gdn spec (gdnjit/gdn_engine.py sets them) at their native values.
 NATIVE_CONVENTIONS = dict(varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
                           null_slot="negative", padding="skip", gates="raw", replay_cache=False, replay=False,
-                          track=False)
+                          track=False, fused_step="none")
 
 
 def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, like: Optional[torch.Tensor] = None):
@@ -55,7 +55,7 @@ _GUARDS_PER_KEY = 4
 # The kernel arguments a bound launch takes per call, in the order _run gathers them (the runner checks
 # them against the spec's leading pointer args by name when it binds).
 _POINTERS = ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "write_idx", "out", "inter", "ssm_idx",
-             "cu", "acc", "parent", "inter_idx", "rk", "rv", "rg", "rb", "trk_idx", "trk_step")
+             "cu", "acc", "parent", "inter_idx", "rk", "rv", "rg", "rb", "trk_idx", "trk_step", "ctl")
 _OUT = _POINTERS.index("out")
 
 
@@ -89,7 +89,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
                 b.data_ptr(), pool.data_ptr(), 0 if read_idx is None else read_idx.data_ptr(),
                 0 if write_idx is None else write_idx.data_ptr(), 0 if output is None else output.data_ptr(),
-                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
         gkey = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
                 (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15, read_idx is None, write_idx is None, output is None,
@@ -334,7 +334,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         dt_bias=dt_bias.data_ptr(), b=b.data_ptr(), state=pool.data_ptr(),
         read_idx=0 if direct else read_idx.data_ptr(), write_idx=0 if write_idx is None else write_idx.data_ptr(),
         out=output.data_ptr(), inter=0 if inter is None else inter.data_ptr(), ssm_idx=0 if ssm is None else ssm.data_ptr(),
-        cu=0, acc=0, parent=0, inter_idx=0, rk=0, rv=0, rg=0, rb=0, trk_idx=0, trk_step=0,
+        cu=0, acc=0, parent=0, inter_idx=0, rk=0, rv=0, rg=0, rb=0, trk_idx=0, trk_step=0, ctl=0,
         slot_stride=slot_stride, pool_size=pool_size, q_sn=q_sn, q_st=q_st, q_sh=q_sh, k_sn=k_sn, k_st=k_st, k_sh=k_sh,
         v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,

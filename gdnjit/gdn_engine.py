@@ -105,7 +105,7 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), _ptr(A_log), a.data_ptr(), _ptr(dt_bias),
             b.data_ptr(), state.data_ptr(), read_idx.data_ptr(), 0, output.data_ptr(), _ptr(inter), _ptr(ssm_idx),
             _ptr(cu_seqlens), _ptr(num_accepted), _ptr(parent), _ptr(inter_idx), _ptr(rc[1]), _ptr(rc[0]), _ptr(rc[2]),
-            _ptr(rc[3]), 0, 0)
+            _ptr(rc[3]), 0, 0, 0)
     launch_on(dev, bound, ptrs)
     return output
 
@@ -115,7 +115,7 @@ def _replay_caches(caches, slots: int, H: int, HV: int, T: int, K: int, V: int, 
     if not isinstance(caches, (tuple, list)) or len(caches) != 4:
         raise TypeError("replay_cache: expected (replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)")
     return [_v.dense_buffer(name, x, shape, dtypes, device, "[slots, heads, T, dim]" if len(shape) == 4 else
-                            "[slots, HV, T]")
+                            "[slots, HV, T]", vector=len(shape) == 4)  # g / beta are read one by one
             for name, x, shape, dtypes in (("replayssm_rawv", caches[0], (slots, HV, T, V), (in_dtype,)),
                                            ("replayssm_rawk", caches[1], (slots, H, T, K), (in_dtype,)),
                                            ("replayssm_g", caches[2], (slots, HV, T), (torch.float32,)),
@@ -312,7 +312,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
                   varlen=varlen, bounded=varlen and bounded, accepted=accepted, tree=parent is not None,
                   inter_indexed=inter_idx is not None,
                   null_slot=null_slot, padding=padding, gates=gates, replay_cache=replay_cache is not None, replay=False,
-                  track=False)
+                  track=False, fused_step="none")
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
 
     def strides(x):
@@ -329,7 +329,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
         dt_bias=_ptr(dt_bias), b=b.data_ptr(), state=state.data_ptr(), read_idx=read_idx.data_ptr(), write_idx=0,
         out=output.data_ptr(), inter=_ptr(inter), ssm_idx=_ptr(ssm_idx), cu=_ptr(cu_seqlens), acc=_ptr(num_accepted),
         parent=_ptr(parent), inter_idx=_ptr(inter_idx), rk=_ptr(rawk), rv=_ptr(rawv), rg=_ptr(g_cache),
-        rb=_ptr(beta_cache), trk_idx=0, trk_step=0,
+        rb=_ptr(beta_cache), trk_idx=0, trk_step=0, ctl=0,
         slot_stride=state.stride(0), pool_size=state.shape[0], q_sn=q_sn, q_st=q_st, q_sh=q_sh, k_sn=k_sn, k_st=k_st,
         k_sh=k_sh, v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,

@@ -98,7 +98,8 @@ def gated_delta_rule_replayssm_commit(
 
 
 def _cache(name: str, x, shape: tuple, dtypes, device) -> None:
-    _v.dense_buffer(name, x, shape, dtypes, device, "[L, slots, heads, T, dim]" if len(shape) == 5 else "[L, slots, HV, T]")
+    _v.dense_buffer(name, x, shape, dtypes, device, "[L, slots, heads, T, dim]" if len(shape) == 5 else "[L, slots, HV, T]",
+                    vector=len(shape) == 5)  # g / beta are read one by one
 
 
 def _vector(name: str, x, B: int, dtypes, device) -> None:
@@ -153,13 +154,13 @@ def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, stat
                   inter_dtype="none", ssm_idx_dtype="none", update=True, l2norm=use_qk_l2norm, slot_strided=False,
                   varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
                   null_slot="negative" if null_block_id == -1 else "nonpositive", padding="skip", gates="given",
-                  replay_cache=False, replay=True, track=track_steps is not None)
+                  replay_cache=False, replay=True, track=track_steps is not None, fused_step="none")
     p = lambda x: 0 if x is None else x.data_ptr()  # noqa: E731
     args = dict(
         q=rawk_cache.data_ptr(), k=rawk_cache.data_ptr(), v=rawv_cache.data_ptr(), A_log=0, a=g_cache.data_ptr(),
         dt_bias=0, b=beta_cache.data_ptr(), state=checkpoint_state.data_ptr(), read_idx=state_indices.data_ptr(),
         write_idx=0, out=0, inter=0, ssm_idx=0, cu=0, acc=accept_lens.data_ptr(), parent=0, inter_idx=0, rk=0, rv=0,
-        rg=0, rb=0, trk_idx=p(track_state_indices), trk_step=p(track_steps),
+        rg=0, rb=0, trk_idx=p(track_state_indices), trk_step=p(track_steps), ctl=0,
         slot_stride=HV * V * K, pool_size=L * S,
         # the caches as pools of L * S slots: (slot, token, head) element strides
         q_sn=H * T * K, q_st=K, q_sh=T * K, k_sn=H * T * K, k_st=K, k_sh=T * K, v_sn=HV * T * V, v_st=V, v_sh=T * V,

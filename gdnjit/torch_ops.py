@@ -43,9 +43,15 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
         str gates, float? scale, bool l2norm, float softplus_beta, float softplus_threshold,
         Tensor(c!) output, Tensor(d!)? rawv, Tensor(e!)? rawk, Tensor(f!)? g_cache, Tensor(g!)? beta_cache,
         bool zero_padding) -> ()
+    spec_step(Tensor q, Tensor k, Tensor v, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor(a!) state,
+        Tensor state_indices, Tensor num_accepted, Tensor(b!) cache_k, Tensor(c!) cache_v, Tensor(d!) cache_g,
+        Tensor(e!) cache_beta, Tensor(f!) cache_ctl, float? scale, bool use_qk_l2norm, float softplus_beta,
+        float softplus_threshold, int null_block_id, Tensor(g!) output) -> ()
 
 ``engine_step`` is :func:`gdnjit.gdn_engine.engine_step`, the one kernel call behind :mod:`gdnjit.compat`'s
-vLLM and SGLang entry points (which call it through this op while torch.compile traces).
+vLLM and SGLang entry points (which call it through this op while torch.compile traces). ``spec_step`` is
+:func:`gdnjit.gated_delta_rule_spec_step` (the wrapper takes a :class:`gdnjit.SpecCache` and allocates a zeroed
+output when none is given).
     dequantize_nvfp4(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value,
         int sfLayout, SymInt m, SymInt k) -> Tensor
 
@@ -77,7 +83,9 @@ from . import conv as _conv
 from . import gdn as _gdn
 from . import gdn_engine as _engine
 from . import nvfp4 as _nvfp4
+from . import spec_step as _spec
 from .reference.engine import engine_reference
+from .reference.spec_step import spec_step_reference
 from .sf_layout import SfLayout, to_sf_layout
 
 __all__ = [
@@ -88,6 +96,7 @@ __all__ = [
     "dequantize_nvfp4",
     "causal_conv1d_update",
     "engine_step",
+    "spec_step",
     "OP_NAMES",
 ]
 
@@ -100,6 +109,7 @@ OP_NAMES = (
     "dequantize_nvfp4",
     "causal_conv1d_update",
     "engine_step",
+    "spec_step",
 )
 
 # Schemas, in OP_NAMES order (spelled out so the documented form is exactly what is registered).
@@ -125,6 +135,10 @@ SCHEMAS = (
     "Tensor? inter_idx, Tensor? parent, bool bounded, bool update, str null_slot, str padding, str gates, float? scale, "
     "bool l2norm, float softplus_beta, float softplus_threshold, Tensor(c!) output, Tensor(d!)? rawv, "
     "Tensor(e!)? rawk, Tensor(f!)? g_cache, Tensor(g!)? beta_cache, bool zero_padding) -> ()",
+    "(Tensor q, Tensor k, Tensor v, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor(a!) state, "
+    "Tensor state_indices, Tensor num_accepted, Tensor(b!) cache_k, Tensor(c!) cache_v, Tensor(d!) cache_g, "
+    "Tensor(e!) cache_beta, Tensor(f!) cache_ctl, float? scale, bool use_qk_l2norm, float softplus_beta, "
+    "float softplus_threshold, int null_block_id, Tensor(g!) output) -> ()",
 )
 
 # ---- CPU implementations (torch reference, float32) -------------------------------------------
@@ -473,4 +487,49 @@ def engine_step(q, k, v, A_log, a, dt_bias, b, state, *, T, read_idx, cu_seqlens
                                  inter, inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm,
                                  float(softplus_beta), float(softplus_threshold), output,
                                  *(replay_cache if replay_cache is not None else (None,) * 4), zero_padding)
+    return output
+
+
+# ---- the fused speculative step (gdnjit.spec_step) -------------------------------------------------
+
+
+@torch.library.custom_op(f"{NAMESPACE}::spec_step",
+                         mutates_args=("state", "cache_k", "cache_v", "cache_g", "cache_beta", "cache_ctl", "output"),
+                         schema=SCHEMAS[7])
+def _spec_step_op(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache_k, cache_v, cache_g,
+                  cache_beta, cache_ctl, scale, use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id,
+                  output) -> None:
+    cache = _spec.SpecCache(cache_k, cache_v, cache_g, cache_beta, cache_ctl)
+    kw = dict(scale=scale, use_qk_l2norm=use_qk_l2norm, softplus_beta=softplus_beta,
+              softplus_threshold=softplus_threshold, null_block_id=null_block_id)
+    if q.device.type != "cpu":
+        _spec.gated_delta_rule_spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache,
+                                         output=output, **kw)
+        return
+    _spec._prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, scale, use_qk_l2norm,
+                   softplus_beta, softplus_threshold, null_block_id, output, require_cuda=False)
+    ref = spec_step_reference(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache,
+                              dtype=torch.float32, **kw)
+    live = (state_indices > null_block_id).view(-1, 1, 1, 1)
+    output.copy_(torch.where(live, ref.output.to(output.dtype), output))  # padding rows left as they were
+    state.copy_(ref.state)
+    for dst, src in zip(cache, ref.cache):
+        dst.copy_(src)
+
+
+@_spec_step_op.register_fake
+def _(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache_k, cache_v, cache_g, cache_beta,
+      cache_ctl, scale, use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id, output) -> None:
+    return None
+
+
+def spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, *, scale=None,
+              use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0, null_block_id=-1,
+              output=None) -> torch.Tensor:
+    """:func:`gdnjit.gated_delta_rule_spec_step` through ``torch.ops.gdnjit``; returns the output (allocated zeroed
+    when not given, so padding rows read 0 as in the eager function)."""
+    if output is None:
+        output = torch.zeros((*q.shape[:2], v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
+    torch.ops.gdnjit.spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, *cache, scale,
+                               use_qk_l2norm, float(softplus_beta), float(softplus_threshold), null_block_id, output)
     return output

@@ -163,13 +163,15 @@ def value_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: tuple) 
 
 
 def dense_buffer(name: str, x: Any, shape: tuple, dtypes: Iterable[torch.dtype], device: torch.device,
-                 what: str) -> torch.Tensor:
-    """A contiguous, 16-byte aligned tensor of exactly ``shape`` (described as ``what``), one of ``dtypes``."""
+                 what: str, vector: bool = True) -> torch.Tensor:
+    """A contiguous tensor of exactly ``shape`` (described as ``what``), one of ``dtypes``; ``vector``: 16-byte
+    aligned rows (read with vector loads; a buffer of scalars read one by one needs only its element alignment)."""
     tensor(name, x, len(shape))
     dtype_in(name, x, dtypes)
     same_device(name, x, device)
     shape_is(name, x, shape, what)
     if not x.is_contiguous():
         raise ValueError(f"{name}: expected a contiguous tensor, got strides {x.stride()}")
-    aligned(name, x, 16)
+    if vector:
+        aligned(name, x, 16)
     return x

@@ -24,6 +24,9 @@ def _gdn_grid():
                       ssm_idx_dtype=ssm, pool=pool)
         for B, HV in itertools.product([1, 2, 3, 4, 6, 8, 32, 512], [16, 32, 48, 64]):
             yield params, dict(B=B, H=16, HV=HV, num_sms=132)
+    for T, sd, mode in itertools.product([1, 4, 8], ["fp32", "bf16"], ["step", "flush"]):  # the fused speculative step
+        yield (dict(_GDN_BASE, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", inter_dtype="none",
+                    ssm_idx_dtype="none", pool=True, update=False, fused_step=mode), dict(B=64, H=16, HV=64, num_sms=132))
 
 
 def _nvfp4_grid():

@@ -29,6 +29,7 @@ MUTATED = {
     "dequantize_nvfp4": set(),
     "causal_conv1d_update": {"conv_state", "out"},
     "engine_step": {"state", "inter", "output", "rawv", "rawk", "g_cache", "beta_cache"},
+    "spec_step": {"state", "cache_k", "cache_v", "cache_g", "cache_beta", "cache_ctl", "output"},
 }
 
 
@@ -42,10 +43,12 @@ def test_every_public_op_is_registered():
     import gdnjit
 
     expected = ["gated_delta_rule_decode_pretranspose", "gated_delta_rule_decode", "gated_delta_rule_mtp",
-                "nvfp4_quantize", "dequantize_nvfp4", "causal_conv1d_update", "engine_step"]
+                "nvfp4_quantize", "dequantize_nvfp4", "causal_conv1d_update", "engine_step", "spec_step"]
     assert list(ops.OP_NAMES) == expected
-    # engine_step is gdnjit.gdn_engine's (the call behind gdnjit.compat), the others gdnjit's public functions
-    assert set(expected) - {"engine_step"} <= set(gdnjit.__all__) | set(dir(gdnjit))
+    # engine_step is gdnjit.gdn_engine's (the call behind gdnjit.compat), spec_step gdnjit.gated_delta_rule_spec_step,
+    # the others gdnjit's public functions of the same name
+    assert set(expected) - {"engine_step", "spec_step"} <= set(gdnjit.__all__) | set(dir(gdnjit))
+    assert "gated_delta_rule_spec_step" in gdnjit.__all__
     for name in expected:
         assert callable(getattr(ops, name))
         assert torch._C._jit_get_schemas_for_operator(f"gdnjit::{name}"), name
@@ -68,7 +71,8 @@ def test_schema_text_and_mutated_args(name):
 
     import gdnjit.gdn_engine
 
-    eager = gdnjit.gdn_engine.engine_step if name == "engine_step" else getattr(gdnjit, name)
+    eager = (gdnjit.gdn_engine.engine_step if name == "engine_step" else gdnjit.gated_delta_rule_spec_step
+             if name == "spec_step" else getattr(gdnjit, name))
     assert list(inspect.signature(getattr(ops, name)).parameters) == list(inspect.signature(eager).parameters)
 
 

@@ -52,6 +52,17 @@ def test_speculative_replay_loop(args):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("args", [
+    (),
+    ("--state-dtype", "bf16", "--requests", "13", "--draft-tokens", "6"),
+    ("--head-dim", "64", "--heads", "4", "--value-heads", "12", "--requests", "1", "--draft-tokens", "1"),
+    ("--head-dim", "256", "--value-heads", "16", "--draft-tokens", "8", "--requests", "3"),
+], ids=["default", "bf16-state", "small-t1", "k256-t8"])
+def test_speculative_fused_loop(args):
+    assert_ok(run_example("speculative_fused_loop.py", *args))
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("args", [(), ("--m", "129", "--k", "7168", "--dtype", "fp16")], ids=["default", "fp16-k7168"])
 def test_nvfp4_roundtrip(args):
     assert_ok(run_example("nvfp4_roundtrip.py", *args))
@@ -59,7 +70,8 @@ def test_nvfp4_roundtrip(args):
 
 # ---- no GPU needed ------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("name", ["serving_decode_loop.py", "nvfp4_roundtrip.py", "speculative_replay_loop.py"])
+@pytest.mark.parametrize("name", ["serving_decode_loop.py", "nvfp4_roundtrip.py", "speculative_replay_loop.py",
+                                  "speculative_fused_loop.py"])
 def test_help_works_without_a_gpu(name):
     res = run_example(name, "--help", timeout=120)
     assert res.returncode == 0 and res.stdout.startswith("usage:"), res.stderr
