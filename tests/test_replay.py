@@ -103,3 +103,20 @@ def test_replay_variants_compile_without_spills(sdt):
             tun, _ = dispatch.select(spec, call.params, dict(B=rows, H=H, HV=64, num_sms=132))
             meta = Variant.make(spec, call.params, tun, "sm_90").build().meta
             assert meta["spill_bytes"] == 0 and meta["stack_bytes"] == 0 and not meta["warnings"], (call.params, tun)
+
+
+def test_scalar_caches_need_no_vector_alignment():
+    """g / beta caches are read one by one: T = 3 rows (12 bytes) are accepted (they were refused as unaligned)."""
+    t = 3
+    call = prep(rawv_cache=torch.zeros(L, S, HV, t, V, dtype=bf), rawk_cache=torch.zeros(L, S, H, t, K, dtype=bf),
+                g_cache=torch.zeros(L, S, HV, t), beta_cache=torch.zeros(L, S, HV, t))
+    assert call.params["T"] == t
+    caches = (torch.zeros(S, HV, t, V, dtype=bf), torch.zeros(S, H, t, K, dtype=bf), torch.zeros(S, HV, t),
+              torch.zeros(S, HV, t))
+    _, call = engine_prepare(torch.zeros(2, t, H, K, dtype=bf), torch.zeros(2, t, H, K, dtype=bf),
+                             torch.zeros(2, t, HV, V, dtype=bf), torch.zeros(HV), torch.zeros(2, t, HV, dtype=bf),
+                             torch.zeros(HV), torch.zeros(2, t, HV, dtype=bf), torch.zeros(S, HV, V, K), t,
+                             torch.zeros(2, dtype=torch.int32), None, None, None, None, None, None, False, False,
+                             "negative", "skip", "raw", None, True, 1.0, 20.0, None, require_cuda=False,
+                             replay_cache=caches, zero_padding=False)
+    assert call.params["replay_cache"] is True
