@@ -29,7 +29,7 @@ import torch
 
 from . import validate as _v
 from .gdn import MAX_T, SUPPORTED_DIMS, _POINTERS, _IN_DTYPES, _OUT_DTYPES, _STATE_DTYPES, uses_pdl
-from .runner import RUNNER, KernelCall, launch_on
+from .runner import RUNNER, KernelCall, launch_on, remember
 from .spec import get_spec
 
 _memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, output shape, device)
@@ -92,12 +92,8 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
                                 softplus_threshold, output, replay_cache=replay_cache, zero_padding=zero_padding)
         if call is None:
             return output
-        bound = RUNNER.bind(call, _POINTERS)
-        dev = call.device
-        if sig is not None and not config.check_indices:
-            if len(_memo) >= _MEMO_MAX:
-                _memo.clear()
-            _memo[sig] = (bound, tuple(output.shape), dev)
+        bound, dev = RUNNER.bind(call, _POINTERS), call.device
+        remember(_memo, sig, (bound, tuple(output.shape), dev), config, _MEMO_MAX)
     else:
         bound, out_shape, dev = hit
         if output is None:
@@ -295,12 +291,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
     if output is None:
         output = torch.empty(out_shape, dtype=q.dtype, device=device)
     else:
-        _v.tensor("output", output, 4)
-        _v.dtype_in("output", output, _OUT_DTYPES)
-        _v.same_device("output", output, device)
-        _v.shape_is("output", output, out_shape, "[.., HV, V]")
-        _v.inner_contiguous("output", output)
-        _v.no_overlap("output", output)
+        _v.given_output(output, out_shape, "[.., HV, V]", _OUT_DTYPES, device)
     if N == 0 or lead[1] == 0:
         return output, None
 

@@ -16,7 +16,7 @@ import torch
 
 from . import validate as _v
 from .gdn import MAX_T, SUPPORTED_DIMS, _POINTERS, _STATE_DTYPES, uses_pdl
-from .runner import RUNNER, KernelCall, launch_on
+from .runner import RUNNER, KernelCall, launch_on, remember
 from .spec import get_spec
 
 _BACKENDS = ("auto", "simt", "tcgen05")
@@ -82,10 +82,7 @@ def gated_delta_rule_replayssm_commit(
         if call is None:
             return
         bound, dev = RUNNER.bind(call, _POINTERS), call.device
-        if sig is not None and not config.check_indices:
-            if len(_memo) >= _MEMO_MAX:
-                _memo.clear()
-            _memo[sig] = (bound, dev)
+        remember(_memo, sig, (bound, dev), config, _MEMO_MAX)
     else:
         bound, dev = hit
     ptrs = [0] * len(_POINTERS)

@@ -238,6 +238,16 @@ class Runner:
         launch_on(call.device, launch, grid, call.arg_values())
 
 
+def remember(memo: dict, sig, entry, config, max_entries: int) -> None:
+    """Keep an op's validated launch ``entry`` under its metadata signature ``sig`` (None: not memoisable) in the
+    bounded ``memo`` (cleared when full). Not with ``GDNJIT_CHECK_INDICES``: each call then validates in full."""
+    if sig is None or config.check_indices:
+        return
+    if len(memo) >= max_entries:
+        memo.clear()
+    memo[sig] = entry
+
+
 def launch_on(device: int, fn, *args) -> None:
     """``fn(*args)`` with ``device`` current (torch's current device is switched only when it differs)."""
     import torch

@@ -38,7 +38,7 @@ import torch
 
 from . import validate as _v
 from .gdn import MAX_T, SUPPORTED_DIMS, _IN_DTYPES, _OUT_DTYPES, _POINTERS, _STATE_DTYPES, uses_pdl
-from .runner import RUNNER, KernelCall, launch_on
+from .runner import RUNNER, KernelCall, launch_on, remember
 from .spec import get_spec
 
 _memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, output shape, device)
@@ -151,10 +151,7 @@ def gated_delta_rule_spec_step(
         if call is None:
             return output
         bound, dev = RUNNER.bind(call, _POINTERS), call.device
-        if sig is not None and not config.check_indices:
-            if len(_memo) >= _MEMO_MAX:
-                _memo.clear()
-            _memo[sig] = (bound, tuple(output.shape), dev)
+        remember(_memo, sig, (bound, tuple(output.shape), dev), config, _MEMO_MAX)
     else:
         bound, out_shape, dev = hit
         if output is None:
@@ -182,10 +179,7 @@ def gated_delta_rule_spec_flush(state: torch.Tensor, state_indices: torch.Tensor
         if call is None:
             return
         bound, dev = RUNNER.bind(call, _POINTERS), call.device
-        if sig is not None and not config.check_indices:
-            if len(_memo) >= _MEMO_MAX:
-                _memo.clear()
-            _memo[sig] = (bound, None, dev)
+        remember(_memo, sig, (bound, None, dev), config, _MEMO_MAX)
     else:
         bound, _, dev = hit
     launch_on(dev, bound, _pointers(None, None, None, None, None, None, None, state, state_indices, num_accepted,
@@ -307,12 +301,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
         if output is None:
             output = torch.empty((B, T, HV, V), dtype=q.dtype, device=device)
         else:
-            _v.tensor("output", output, 4)
-            _v.dtype_in("output", output, _OUT_DTYPES)
-            _v.same_device("output", output, device)
-            _v.shape_is("output", output, (B, T, HV, V), "[B, T, HV, V]")
-            _v.inner_contiguous("output", output)
-            _v.no_overlap("output", output)
+            _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", _OUT_DTYPES, device)
         in_dtype, out_dtype, dtb_dtype = q.dtype, output.dtype, dt_bias.dtype
         strides = {}
         for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b), ("o", output)):

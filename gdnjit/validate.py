@@ -175,3 +175,14 @@ def dense_buffer(name: str, x: Any, shape: tuple, dtypes: Iterable[torch.dtype],
     if vector:
         aligned(name, x, 16)
     return x
+
+
+def given_output(x: Any, shape: tuple, what: str, dtypes: Iterable[torch.dtype], device: torch.device) -> None:
+    """A caller's ``output``: ``shape`` (described as ``what``), one of ``dtypes``, on ``device``, last dim contiguous,
+    no two elements at one address (the kernels write every element once)."""
+    tensor("output", x, len(shape))
+    dtype_in("output", x, dtypes)
+    same_device("output", x, device)
+    shape_is("output", x, shape, what)
+    inner_contiguous("output", x)
+    no_overlap("output", x)

@@ -47,19 +47,10 @@ def test_serving_decode_loop(args):
     ("--head-dim", "64", "--heads", "4", "--value-heads", "12", "--requests", "1", "--draft-tokens", "1"),
     ("--head-dim", "256", "--value-heads", "16", "--draft-tokens", "8", "--requests", "3"),
 ], ids=["default", "bf16-state", "small-t1", "k256-t8"])
-def test_speculative_replay_loop(args):
-    assert_ok(run_example("speculative_replay_loop.py", *args))
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("args", [
-    (),
-    ("--state-dtype", "bf16", "--requests", "13", "--draft-tokens", "6"),
-    ("--head-dim", "64", "--heads", "4", "--value-heads", "12", "--requests", "1", "--draft-tokens", "1"),
-    ("--head-dim", "256", "--value-heads", "16", "--draft-tokens", "8", "--requests", "3"),
-], ids=["default", "bf16-state", "small-t1", "k256-t8"])
-def test_speculative_fused_loop(args):
-    assert_ok(run_example("speculative_fused_loop.py", *args))
+@pytest.mark.parametrize("name", ["speculative_replay_loop.py", "speculative_fused_loop.py"])
+def test_speculative_loops(name, args):
+    """The two speculative serving loops (FlashInfer's ReplaySSM; gdnjit's fused step), same options."""
+    assert_ok(run_example(name, *args))
 
 
 @pytest.mark.gpu
