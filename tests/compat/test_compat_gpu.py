@@ -114,7 +114,10 @@ def test_vllm_spec_varlen_accepted(N, S, sdt):
     torch.cuda.synchronize()
     assert st is pd
     otol, stol = _tol(sdt)
-    assert _rel(o.cpu(), exp_out) < otol
+    # rows of the requests only: the flat token dim may be longer than cu_seqlens[-1] (here when every request has 0
+    # tokens), and rows past it belong to no request (not written, as in vLLM)
+    if cu[-1]:
+        assert _rel(o.cpu()[:, :cu[-1]], exp_out[:, :cu[-1]]) < otol
     untouched = [s for s in range(pool.shape[0]) if s not in written]
     assert torch.equal(pd.cpu()[untouched], pool[untouched])
     if written:
