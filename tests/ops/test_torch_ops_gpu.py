@@ -1,7 +1,8 @@
 """The torch custom ops on the GPU (run on the device: pytest -m gpu tests/ops/test_torch_ops_gpu.py).
 
 * torch.compile(fullgraph=True) of functions calling each op gives bit-identical results to the eager
-  functions (same kernels), and matches the float64 reference;
+  functions (same kernels), and matches the float64 reference (the fused speculative step: against its eager
+  function over two steps);
 * a CUDA graph of a whole decode step (projection -> GDN decode over a pool -> norm -> projection ->
   NVFP4 quantize) replays correctly with new inputs copied in, compared to eager;
 * every visible GPU: the ops run on cuda:d while the current device is another one.
@@ -100,6 +101,32 @@ def test_compile_mtp_verify_with_buffer():
     assert rel(got, ref.output.to(torch.bfloat16)) < 1e-3
     live = [0, 1, 3]
     assert rel(buf[live, :T], ref.intermediate[live, :T]) < 1e-3
+
+
+def test_compile_fused_spec_step_two_steps():
+    """gdnjit::spec_step under torch.compile: two whole steps (the second replays what the first cached) give the
+    eager function's bits, output, pool and cache, with a padding row."""
+    B, T, H, HV, slots = 5, 3, 2, 4, 9
+    t = inputs(B, T, H, HV, n_slots=slots, seed=4)
+    idx = torch.tensor([7, 2, -1, 0, 5], device="cuda", dtype=torch.int32)
+
+    def step(q, k, v, a, b, pool, acc, cache):
+        return ops.spec_step(q, k, v, t["A_log"], a, t["dt_bias"], b, pool, idx, acc, cache).float()
+
+    fn = compiled(step)
+    pool, pool_e = t["state"].clone(), t["state"].clone()
+    cache = gdnjit.spec_cache(slots, H, HV, T, 128, 128, dtype=torch.bfloat16, device="cuda")
+    cache_e = gdnjit.SpecCache(*(x.clone() for x in cache))
+    for acc in ([0] * B, [3, 1, 2, 2, 1]):
+        acc = torch.tensor(acc, device="cuda", dtype=torch.int32)
+        q, k, v, a, b = (torch.randn_like(t[n]) for n in "qkvab")
+        got = fn(q, k, v, a, b, pool, acc, cache)
+        out = gdnjit.gated_delta_rule_spec_step(q, k, v, t["A_log"], a, t["dt_bias"], b, pool_e, idx, acc, cache_e)
+        torch.cuda.synchronize()
+        assert torch.equal(got, out.float()) and (got[2] == 0).all()
+        assert torch.equal(pool, pool_e) and torch.equal(cache.ctl, cache_e.ctl)
+        live = [7, 2, 0, 5]
+        assert torch.equal(cache.k[live], cache_e.k[live]) and torch.equal(cache.g[live], cache_e.g[live])
 
 
 def test_compile_kmajor_decode_with_output():
