@@ -126,7 +126,8 @@ def gated_delta_rule_spec_step(
             output rows 0 in an allocated output, left as they were in a given one).
         num_accepted: ``[B]`` int32 in 0..T: how many of the tokens the previous step verified for this slot to
             replay (0 for a request's first step, or to replay nothing).
-        cache: this layer's :class:`SpecCache` (slots = ``state.shape[0]``, the same T and head dims, q's dtype).
+        cache: this layer's :class:`SpecCache` (or a tuple of its five tensors in that order; slots =
+            ``state.shape[0]``, the same T and head dims, q's dtype).
         scale: q scale (default ``K ** -0.5``); use_qk_l2norm: l2-normalise q and k (eps 1e-6 under the root).
         softplus_beta, softplus_threshold: the softplus of the decay gate (vLLM's defaults 1.0, 20.0).
         null_block_id: -1 (negative slots are padding) or 0 (vLLM's null block: slots <= 0).
@@ -141,7 +142,7 @@ def gated_delta_rule_spec_step(
         ctensors = tuple(cache)
         sig = (tuple(_sig(x) for x in tensors + ctensors), scale, type(scale), use_qk_l2norm, type(use_qk_l2norm),
                softplus_beta, softplus_threshold, null_block_id, type(null_block_id),
-               (q.data_ptr() | k.data_ptr() | v.data_ptr() | state.data_ptr() | cache.k.data_ptr()) & 15)
+               (q.data_ptr() | k.data_ptr() | v.data_ptr() | state.data_ptr() | cache[0].data_ptr()) & 15)
         hit = _memo.get(sig)
     except (AttributeError, TypeError, RuntimeError, ValueError):  # a non-tensor argument: the checks report it
         sig = hit = None
@@ -169,7 +170,7 @@ def gated_delta_rule_spec_flush(state: torch.Tensor, state_indices: torch.Tensor
     config = RUNNER.sync()
     try:
         sig = ("flush", tuple(_sig(x) for x in (state, state_indices, num_accepted) + tuple(cache)), use_qk_l2norm,
-               type(use_qk_l2norm), null_block_id, type(null_block_id), (state.data_ptr() | cache.k.data_ptr()) & 15)
+               type(use_qk_l2norm), null_block_id, type(null_block_id), (state.data_ptr() | cache[0].data_ptr()) & 15)
         hit = _memo.get(sig)
     except (AttributeError, TypeError, RuntimeError, ValueError):
         sig = hit = None
@@ -193,8 +194,8 @@ def _ptr(x) -> int:
 def _pointers(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, output) -> tuple:
     """The bound launch's pointer arguments, in gdn._POINTERS order."""
     return (_ptr(q), _ptr(k), _ptr(v), _ptr(A_log), _ptr(a), _ptr(dt_bias), _ptr(b), state.data_ptr(),
-            state_indices.data_ptr(), 0, _ptr(output), 0, 0, 0, num_accepted.data_ptr(), 0, 0, cache.k.data_ptr(),
-            cache.v.data_ptr(), cache.g.data_ptr(), cache.beta.data_ptr(), 0, 0, cache.ctl.data_ptr())
+            state_indices.data_ptr(), 0, _ptr(output), 0, 0, 0, num_accepted.data_ptr(), 0, 0, cache[0].data_ptr(),
+            cache[1].data_ptr(), cache[2].data_ptr(), cache[3].data_ptr(), 0, 0, cache[4].data_ptr())
 
 
 def _check_cache(cache, slots: int, H: int, HV: int, T: Optional[int], K: int, V: int, in_dtype, device) -> int:

@@ -26,6 +26,7 @@ instructions in another order or with other registers, or different instructions
 Usage (from the new checkout; the base is e.g. ``git worktree add /tmp/base <commit>``)::
 
     python tools/compare_sass.py --base /tmp/base --new . [--work /tmp/compare_sass] [-j 2] [--variants FILE]
+        [--new-param NAME=VALUE ...]   (a param the new checkout added: its variants with that value vs the base's)
 
 Each checkout is imported in its own subprocess (``PYTHONPATH=<checkout>``). Compiled cubins are kept
 under ``WORK/<side>/`` keyed by the variant and the sha256 of its rendered source, so a rerun compiles
@@ -90,9 +91,10 @@ def list_variants(root: Path) -> list[dict]:
     return list(out.values())
 
 
-def build_variants(root: Path, variants: list[dict], outdir: Path, jobs: int) -> None:
+def build_variants(root: Path, variants: list[dict], outdir: Path, jobs: int, added: dict | None = None) -> None:
     """Render and compile each variant in this checkout into OUTDIR/<id>.{cubin,cu,json}; a variant whose
-    rendered source has not changed since the last run is not compiled again."""
+    rendered source has not changed since the last run is not compiled again. ``added``: params this checkout's
+    spec has and the variants lack (``--new-param``), with the value they take."""
     sys.path.insert(0, str(root))
     from gdnjit import compile as gcompile
     from gdnjit.spec import get_spec
@@ -104,7 +106,11 @@ def build_variants(root: Path, variants: list[dict], outdir: Path, jobs: int) ->
         meta_path = outdir / f"{entry['id']}.json"
         try:
             spec = get_spec(entry["spec"])
-            v = Variant.make(spec, entry["params"], entry["tunables"], entry["arch"])
+            params = dict(entry["params"])
+            for name, value in (added or {}).items():
+                if name in spec.param_names and name not in params:
+                    params[name] = value
+            v = Variant.make(spec, params, entry["tunables"], entry["arch"])
             src = v.source()
         except Exception as e:  # noqa: BLE001 - recorded for the comparison
             meta_path.write_text(json.dumps({"id": entry["id"], "error": f"{type(e).__name__}: {e}"}))
@@ -373,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         json.dump(list_variants(Path(argv[1]).resolve()), sys.stdout)
         return 0
     if argv and argv[0] == "_build":
-        build_variants(Path(argv[1]).resolve(), json.loads(Path(argv[2]).read_text()), Path(argv[3]), int(argv[4]))
+        build_variants(Path(argv[1]).resolve(), json.loads(Path(argv[2]).read_text()), Path(argv[3]), int(argv[4]),
+                       json.loads(argv[5]) if len(argv) > 5 else None)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--base", required=True, help="the reference checkout (e.g. a worktree of the base commit)")
@@ -381,7 +388,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/compare_sass", help="cubins, sources and diffs (default: %(default)s)")
     ap.add_argument("-j", "--jobs", type=int, default=2, help="compile threads per checkout (default: 2)")
     ap.add_argument("--variants", help="a JSON list of variants ({spec, params, tunables, arch}) instead of the sets")
+    ap.add_argument("--new-param", action="append", default=[], metavar="NAME=VALUE",
+                    help="a param the new checkout added, with the value that keeps a kernel as it was (e.g. "
+                         "fused_step=none; a JSON value, or a string): the new checkout's variants with that value are "
+                         "compared with the base's without the param, the others (new only) are left out")
     args = ap.parse_args(argv)
+    added = {}
+    for item in args.new_param:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            ap.error(f"--new-param: expected NAME=VALUE, got {item!r}")
+        try:
+            added[name] = json.loads(value)
+        except ValueError:
+            added[name] = value
     base, new, work = Path(args.base).resolve(), Path(args.new).resolve(), Path(args.work).resolve()
     work.mkdir(parents=True, exist_ok=True)
     if args.variants:
@@ -398,13 +418,19 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"listing variants in {root} failed:\n{res.stderr}", file=sys.stderr)
                 return 2
             for e in json.loads(res.stdout):
+                if root == new and added:
+                    if any(e["params"].get(n, v) != v for n, v in added.items()):
+                        continue  # a variant only the new checkout has
+                    e["params"] = {n: v for n, v in e["params"].items() if n not in added}
+                    e["id"] = _variant_id(e["spec"], e["params"], e["tunables"], e["arch"])
                 m = merged.setdefault(e["id"], e)
                 m["sets"] = sorted(set(m["sets"]) | set(e["sets"]))
         variants = sorted(merged.values(), key=lambda e: e["id"])
     (work / "variants.json").write_text(json.dumps(variants, indent=0))
     print(f"{len(variants)} variants; building in {base} and {new} with {args.jobs} threads each", file=sys.stderr)
     for side, root in (("base", base), ("new", new)):
-        res = _run_side(root, ["_build", str(root), str(work / "variants.json"), str(work / side), str(args.jobs)])
+        res = _run_side(root, ["_build", str(root), str(work / "variants.json"), str(work / side), str(args.jobs)]
+                        + ([json.dumps(added)] if side == "new" and added else []))
         sys.stderr.write(res.stderr)
         if res.returncode != 0:
             return 2
