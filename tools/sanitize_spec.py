@@ -4,7 +4,8 @@
     compute-sanitizer --tool racecheck python3 tools/sanitize_spec.py
 
 The fused step (two steps: the second replays what the first cached; padding rows, a pool with gaps) and its flush,
-FlashInfer's ReplaySSM verify cache and commit (with track), for fp32 and bf16 state. Small shapes keep the sanitizer
+in both kernel forms (T = 3 runs the recurrent form at this batch, T = 8 the tc form), and FlashInfer's ReplaySSM
+verify cache and commit (with track), for fp32 and bf16 state. Small shapes keep the sanitizer
 fast; each result is also checked against the float64 reference (exit status 1 on a mismatch).
 """
 
@@ -20,14 +21,15 @@ from gdnjit.reference.spec_step import spec_step_reference
 
 DEV = "cuda"
 bf = torch.bfloat16
-H, HV, K, V, T, B, S = 2, 4, 128, 128, 3, 5, 9
+H, HV, K, V, B, S = 2, 4, 128, 128, 5, 9
+FUSED_T = (3, 8)  # the recurrent form's and the tc form's (gdn.yaml's rules at B * HV = 20)
 
 
 def rel(x, ref) -> float:
     return (x.double().cpu() - ref.double().cpu()).abs().max().item() / max(ref.double().abs().max().item(), 1e-6)
 
 
-def tokens(g):
+def tokens(g, T):
     r = lambda *s: torch.randn(*s, device=DEV, generator=g)  # noqa: E731
     return r(B, T, H, K).to(bf), r(B, T, H, K).to(bf), r(B, T, HV, V).to(bf), r(B, T, HV).to(bf), r(B, T, HV).to(bf)
 
@@ -40,27 +42,29 @@ def main() -> int:
         A_log, dtb = torch.rand(HV, device=DEV, generator=g), torch.randn(HV, device=DEV, generator=g)
         pool = (torch.randn(S, HV, V, K, device=DEV, generator=g) * 0.1).to(sdt)
         idx = torch.tensor([6, -1, 2, 8, 4], dtype=torch.int32, device=DEV)
-        cache = gdnjit.spec_cache(S, H, HV, T, K, V, dtype=bf, device=DEV)
-        for step, acc in enumerate(([0] * B, [2, 1, 3, 0, 1])):
-            acc = torch.tensor(acc, dtype=torch.int32, device=DEV)
-            q, k, v, a, b = tokens(g)
-            ref = spec_step_reference(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache)
-            out = gdnjit.gated_delta_rule_spec_step(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache)
+        for T in FUSED_T:
+            cache = gdnjit.spec_cache(S, H, HV, T, K, V, dtype=bf, device=DEV)
+            for step, acc in enumerate(([0] * B, [2, 1, 3, 0, 1])):
+                acc = torch.tensor(acc, dtype=torch.int32, device=DEV)
+                q, k, v, a, b = tokens(g, T)
+                ref = spec_step_reference(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache)
+                out = gdnjit.gated_delta_rule_spec_step(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache)
+                torch.cuda.synchronize()
+                eo, es = rel(out.float(), ref.output), rel(pool.float(), ref.state.float())
+                print(f"spec_step {sdt} T={T} step {step}: output rel {eo:.2e}, state rel {es:.2e}")
+                bad += eo > 2e-2 or es > tol
+            acc = torch.tensor([3, 2, 1, 1, 2], dtype=torch.int32, device=DEV)
+            ref = spec_step_reference(None, None, None, None, None, None, None, pool, idx, acc, cache, flush=True)
+            gdnjit.gated_delta_rule_spec_flush(pool, idx, acc, cache)
             torch.cuda.synchronize()
-            eo, es = rel(out.float(), ref.output), rel(pool.float(), ref.state.float())
-            print(f"spec_step {sdt} step {step}: output rel {eo:.2e}, state rel {es:.2e}")
-            bad += eo > 2e-2 or es > tol
-        acc = torch.tensor([3, 2, 1, 1, 2], dtype=torch.int32, device=DEV)
-        ref = spec_step_reference(None, None, None, None, None, None, None, pool, idx, acc, cache, flush=True)
-        gdnjit.gated_delta_rule_spec_flush(pool, idx, acc, cache)
-        torch.cuda.synchronize()
-        e = rel(pool.float(), ref.state.float())
-        print(f"spec_flush {sdt}: rel {e:.2e}")
-        bad += e > tol
+            e = rel(pool.float(), ref.state.float())
+            print(f"spec_flush {sdt} T={T}: rel {e:.2e}")
+            bad += e > tol
+        T = FUSED_T[0]
         # FlashInfer's ReplaySSM: verify with the cache, then the commit (one layer) with track
         rawv, rawk = torch.zeros(S, HV, T, V, dtype=bf, device=DEV), torch.zeros(S, H, T, K, dtype=bf, device=DEV)
         gc, bc = torch.zeros(S, HV, T, device=DEV), torch.zeros(S, HV, T, device=DEV)
-        q, k, v, a, b = tokens(g)
+        q, k, v, a, b = tokens(g, T)
         gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True,
                                     cache_replayssm=True, replayssm_rawv=rawv, replayssm_rawk=rawk, replayssm_g=gc,
                                     replayssm_beta=bc)

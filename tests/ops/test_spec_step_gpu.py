@@ -5,6 +5,7 @@ loop, and the ground truth: plain T = 1 decoding of the accepted token stream.""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -54,13 +55,40 @@ def _state_tol(sdt):
     return 2e-3 if sdt == torch.float32 else 2e-2
 
 
+# the two kernel forms of the step, forced: the CUDA-core recurrent loop and the tc form's two chunks of bf16 MMAs
+# (bf16 q/k, K = 128, T 2..8); the rules pick tc where it runs
+RECURRENT = {"form": "recurrent", "lanes_per_row": 8, "ilp": 2, "tile_v": 16, "stage": False, "pipe": 1}
+TC = {"form": "tc"}
+
+
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 2, 4, 8])
 @pytest.mark.parametrize("K,V", [(128, 128), (64, 64), (256, 128), (128, 256)])
 @pytest.mark.parametrize("null", [-1, 0])
-def test_loop_matches_the_reference(K, V, T, sdt, null):
+@pytest.mark.parametrize("form", ["rule", "recurrent"])
+def test_loop_matches_the_reference(K, V, T, sdt, null, form):
     """Four steps over a pool with gaps: the first with nothing accepted, then random accept counts 0..T; padding
-    rows (slot -1, or vLLM's null block 0) touch nothing; every output, checkpoint, cache half and control word."""
+    rows (slot -1, or vLLM's null block 0) touch nothing; every output, checkpoint, cache half and control word.
+    rule: the variant the dispatcher picks (tc where it runs); recurrent: that form forced."""
+    if form == "recurrent" and not (K == 128 and T > 1):
+        pytest.skip("the rule already runs the recurrent form here")
+    _loop(K, V, T, sdt, null, [RECURRENT if form == "recurrent" else None] * 4)
+
+
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [2, 3, 5, 8])
+@pytest.mark.parametrize("V", [128, 256])
+@pytest.mark.parametrize("forms", ["tc", "mixed"])
+def test_tc_form_loop_matches_the_reference(V, T, sdt, forms):
+    """The tc form forced over its domain (odd T: a lane's second token slot empty), and steps alternating between
+    the forms: a step replays what the other form cached (the cache contents are the same bits either way)."""
+    steps = [TC] * 4 if forms == "tc" else [TC, RECURRENT, TC, RECURRENT]
+    _loop(128, V, T, sdt, -1, steps)
+
+
+def _loop(K, V, T, sdt, null, forms):
+    from gdn_cases import forcing
+
     H, HV, B = 2, 8 if K * V <= 128 * 128 else 4, 7
     g = torch.Generator(device=DEV).manual_seed(K * 7 + V + T * 3 + int(sdt == bf) + 11 * null)
     rng = random.Random(K + V + T + null)
@@ -78,10 +106,11 @@ def test_loop_matches_the_reference(K, V, T, sdt, null):
         q, k, v, a, b = _tokens(B, T, H, HV, K, V, g)
         ref = spec_step_reference(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache, null_block_id=null)
         pool_before = pool.clone()
-        out = gdnjit.gated_delta_rule_spec_step(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache,
-                                                null_block_id=null)
-        torch.cuda.synchronize()
-        what = f"step {step} T={T} K={K} V={V} {sdt} null={null}"
+        with (forcing(forms[step]) if forms[step] else contextlib.nullcontext()):
+            out = gdnjit.gated_delta_rule_spec_step(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache,
+                                                    null_block_id=null)
+            torch.cuda.synchronize()
+        what = f"step {step} T={T} K={K} V={V} {sdt} null={null} forced={forms[step]}"
         assert _rel(out.float(), ref.output) < 2e-2, what
         assert (out[[2, 5]] == 0).all(), f"{what}: padding rows' outputs"
         assert _rel(pool.float(), ref.state.float()) < _state_tol(sdt), what
