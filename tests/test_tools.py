@@ -21,3 +21,28 @@ def test_gdnjit_imports_resolve(path):
             for alias in node.names:
                 if not hasattr(module, alias.name):
                     importlib.import_module(f"{node.module}.{alias.name}")  # a submodule, else ImportError
+
+
+def test_flashinfer_harness_summary_adds_up_files(tmp_path, capsys):
+    """run.sh runs each FlashInfer file in its own process (one junit file each); the summary counts them all."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fi_summarize", ROOT / "tools" / "flashinfer_harness" / "summarize.py")
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    a = tmp_path / "a.xml"
+    a.write_text('<testsuites><testsuite><testcase classname="tests.gdn.test_x" name="t1"/>'
+                 '<testcase classname="tests.gdn.test_x" name="t2"><failure message="E   ValueError: bad 12"/></testcase>'
+                 '</testsuite></testsuites>')
+    b = tmp_path / "b.xml"
+    b.write_text('<testsuites><testsuite><testcase classname="tests.utils.test_y" name="t3"/>'
+                 '<testcase classname="tests.utils.test_y" name="t4"><skipped message="no"/></testcase>'
+                 '</testsuite></testsuites>')
+    assert summarize.main([str(a), str(b)]) == 0
+    out = capsys.readouterr().out
+    lines = {ln.split()[0]: ln.split()[1:] for ln in out.splitlines() if ln.startswith(("tests/", "total"))}
+    assert lines["tests/gdn/test_x.py"] == ["1", "1", "0", "0"]
+    assert lines["tests/utils/test_y.py"] == ["1", "0", "0", "1"]
+    assert lines["total"] == ["2", "1", "0", "1"]
+    assert "ValueError: bad #" not in out and "ValueError: bad 12" in out
+    assert summarize.main([str(tmp_path / "missing.xml")]) == 1

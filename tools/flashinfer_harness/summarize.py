@@ -1,6 +1,6 @@
-"""Compact summary of a pytest junit XML file (FlashInfer tests run against gdnjit by run.sh).
+"""Compact summary of pytest junit XML files (FlashInfer tests run against gdnjit by run.sh, one file each).
 
-    python tools/flashinfer_harness/summarize.py <fi.xml> [--examples N]
+    python tools/flashinfer_harness/summarize.py <file.xml> [<file.xml> ...] [--examples N]
 
 Prints passed / failed / error / skipped counts per test file, then failures and errors
 grouped by their first error line (digits folded to '#' so the same failure with other
@@ -45,19 +45,21 @@ def _key(line: str) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("xml")
+    ap.add_argument("xml", nargs="+")
     ap.add_argument("--examples", type=int, default=2, help="test ids shown per failure group")
     args = ap.parse_args(argv)
-    try:
-        root = ET.parse(args.xml).getroot()
-    except (OSError, ET.ParseError) as e:
-        print(f"summarize: cannot read {args.xml}: {e}", file=sys.stderr)
-        return 1
+    roots = []
+    for path in args.xml:
+        try:
+            roots.append(ET.parse(path).getroot())
+        except (OSError, ET.ParseError) as e:
+            print(f"summarize: cannot read {path}: {e}", file=sys.stderr)
+            return 1
 
     counts: "OrderedDict[str, Counter]" = OrderedDict()
     groups = defaultdict(list)  # (kind, key) -> [(example line, test id)]
     skips = defaultdict(list)
-    for case in root.iter("testcase"):
+    for case in (c for root in roots for c in root.iter("testcase")):
         f = _file_of(case)
         c = counts.setdefault(f, Counter())
         name = f"{f.rsplit('/', 1)[-1]}::{case.get('name')}"
