@@ -24,7 +24,8 @@ Why per slot, not per batch row: an engine's batch changes every step (requests 
 per-row cache would have to be gathered to the new row order each step, a per-slot cache moves with the state it
 belongs to and costs ~8% of the state's memory (H=16, HV=64, K=V=128, T=8, fp32 state).
 
-Kernel: the ``gdn`` spec's recurrent form with ``fused_step`` set (docs/design.md 4.10). This module validates and
+Kernel: the ``gdn`` spec with ``fused_step`` set, in its recurrent form or (bf16 q/k, K = 128, T 2..8, by the rules)
+its tc form (docs/design.md 4.10). This module validates and
 builds the named call; :mod:`gdnjit.runner` dispatches, compiles, binds and launches it. Graph capturable (no host
 reads of device values); values a kernel cannot check without a device read (a slot past the pool, an accepted count
 outside 0..T) stop it with a trap. Math: :mod:`gdnjit.reference.spec_step`.
