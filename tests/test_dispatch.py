@@ -27,6 +27,11 @@ def _gdn_grid():
     for T, sd, mode in itertools.product([1, 4, 8], ["fp32", "bf16"], ["step", "flush"]):  # the fused speculative step
         yield (dict(_GDN_BASE, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", inter_dtype="none",
                     ssm_idx_dtype="none", pool=True, update=False, fused_step=mode), dict(B=64, H=16, HV=64, num_sms=132))
+    for T, sd, (cache, replay, update, gates) in itertools.product(  # FlashInfer's ReplaySSM: the verify, the commit
+            [2, 4, 8], ["fp32", "bf16"], [(True, False, False, "raw"), (False, True, True, "given")]):
+        yield (dict(_GDN_BASE, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", inter_dtype="none",
+                    ssm_idx_dtype="none", pool=True, update=update, gates=gates, replay_cache=cache, replay=replay),
+               dict(B=64, H=16, HV=64, num_sms=132))
 
 
 def _nvfp4_grid():

@@ -69,10 +69,10 @@ def test_commit_backends():
         gated_delta_rule_replayssm_commit(*list(_commit_args().values())[:7], backend="cuda")
 
 
-def _mtp_cache_call(sdt=torch.float32, **over):
+def _mtp_cache_call(sdt=torch.float32, cache_T=T, **over):
     N = 3
-    caches = (torch.zeros(S, HV, T, V, dtype=bf), torch.zeros(S, H, T, K, dtype=bf), torch.zeros(S, HV, T),
-              torch.zeros(S, HV, T))
+    caches = (torch.zeros(S, HV, cache_T, V, dtype=bf), torch.zeros(S, H, cache_T, K, dtype=bf), torch.zeros(S, HV, cache_T),
+              torch.zeros(S, HV, cache_T))
     args = dict(q=torch.zeros(N, T, H, K, dtype=bf), k=torch.zeros(N, T, H, K, dtype=bf),
                 v=torch.zeros(N, T, HV, V, dtype=bf), A_log=torch.zeros(HV), a=torch.zeros(N, T, HV, dtype=bf),
                 dt_bias=torch.zeros(HV), b=torch.zeros(N, T, HV, dtype=bf), state=torch.zeros(S, HV, V, K, dtype=sdt),
@@ -120,3 +120,26 @@ def test_scalar_caches_need_no_vector_alignment():
                              "negative", "skip", "raw", None, True, 1.0, 20.0, None, require_cuda=False,
                              replay_cache=caches, zero_padding=False)
     assert call.params["replay_cache"] is True
+
+
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+def test_tc_form_replay_variants_compile_without_spills(sdt):
+    """The tc form of the ReplaySSM verify (caching the tokens) and of the commit (no track), T 3..8, as the rules pick
+    it at mid / large batches; the commit with track stays with the recurrent form."""
+    spec = get_spec("gdn")
+    tc = dict(lanes_per_row=4, ilp=1, tile_v=64, stage=True, form="tc", pipe=1, k_warps=1, l2_prefetch=False)
+    for t, null in ((3, -1), (5, 0), (8, -1)):
+        caches = dict(rawv_cache=torch.zeros(L, S, HV, t, V, dtype=bf), rawk_cache=torch.zeros(L, S, H, t, K, dtype=bf),
+                      g_cache=torch.zeros(L, S, HV, t), beta_cache=torch.zeros(L, S, HV, t))
+        commit = prep(checkpoint_state=torch.zeros(L, S, HV, V, K, dtype=sdt), null_block_id=null, **caches)
+        verify = _mtp_cache_call(sdt, T=t, q=torch.zeros(3, t, H, K, dtype=bf), k=torch.zeros(3, t, H, K, dtype=bf),
+                                 v=torch.zeros(3, t, HV, V, dtype=bf), a=torch.zeros(3, t, HV, dtype=bf),
+                                 b=torch.zeros(3, t, HV, dtype=bf), cache_T=t)[1]
+        for call in (commit, verify):
+            tun, _ = dispatch.select(spec, call.params, dict(B=64, H=H, HV=64, num_sms=132))
+            assert tun == tc, (call.params["replay"], t, tun)
+            meta = Variant.make(spec, call.params, tun, "sm_90").build().meta
+            assert meta["spill_bytes"] == 0 and meta["stack_bytes"] == 0 and not meta["warnings"], (call.params, meta)
+    tracked = prep(checkpoint_state=torch.zeros(L, S, HV, V, K, dtype=sdt),
+                   track_state_indices=torch.zeros(B, dtype=torch.int32), track_steps=torch.zeros(B, dtype=torch.int32))
+    assert dispatch.select(spec, tracked.params, dict(B=64, H=H, HV=64, num_sms=132))[0]["form"] == "recurrent"

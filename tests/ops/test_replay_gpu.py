@@ -1,10 +1,12 @@
 """FlashInfer's ReplaySSM path on the GPU (issue 26): verify caching each token's raw inputs at its slot
 (``gated_delta_rule_mtp(cache_replayssm=True, ...)``), the commit replaying the accepted prefix into the checkpoint
 (``gated_delta_rule_replayssm_commit``), against the float64 references; the pair against plain decoding of the
-accepted tokens; a captured verify + commit loop."""
+accepted tokens; a captured verify + commit loop. "tc": the tc form forced (bf16 q/k, K = 128, T 3..8; the commit
+without track), which the rules pick at mid / large batches."""
 
 from __future__ import annotations
 
+import contextlib
 import random
 
 import pytest
@@ -19,6 +21,15 @@ pytestmark = pytest.mark.gpu
 
 DEV = "cuda"
 bf = torch.bfloat16
+
+
+TC = {"form": "tc"}
+
+
+def _form(form):
+    from gdn_cases import forcing
+
+    return forcing(TC) if form == "tc" else contextlib.nullcontext()
 
 
 def _rel(x, ref):
@@ -41,7 +52,10 @@ def _caches(slots, H, HV, T, K, V):
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [1, 3, 4, 8])
 @pytest.mark.parametrize("N", [1, 5, 64])
-def test_verify_caches_raw_inputs_at_the_read_slot(N, T, sdt):
+@pytest.mark.parametrize("form", ["rule", "tc"])
+def test_verify_caches_raw_inputs_at_the_read_slot(N, T, sdt, form):
+    if form == "tc" and T < 3:
+        pytest.skip("the tc form runs T 3..8")
     H, HV, K, V = 4, 16, 128, 128
     q, k, v, A_log, a, dtb, b = _inputs(N, T, H, HV, K, V, N * 10 + T)
     slots = 2 * N + 2
@@ -51,10 +65,11 @@ def test_verify_caches_raw_inputs_at_the_read_slot(N, T, sdt):
         idx[1] = -1  # padding: nothing cached
     rawv, rawk, gc, bc = _caches(slots, H, HV, T, K, V)
     p0 = pool.clone()
-    out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True,
-                                         cache_replayssm=True, replayssm_rawv=rawv, replayssm_rawk=rawk,
-                                         replayssm_g=gc, replayssm_beta=bc)
-    torch.cuda.synchronize()
+    with _form(form):
+        out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True,
+                                             cache_replayssm=True, replayssm_rawv=rawv, replayssm_rawk=rawk,
+                                             replayssm_g=gc, replayssm_beta=bc)
+        torch.cuda.synchronize()
     assert torch.equal(pool, p0)
     ref = gdn_reference(q, k, v, A_log, a, dtb, b, p0, read_indices=idx, disable_state_update=True)
     assert _rel(out.float(), ref.output) < 2e-2
@@ -73,7 +88,10 @@ def test_verify_caches_raw_inputs_at_the_read_slot(N, T, sdt):
 @pytest.mark.parametrize("K,V", [(128, 128), (64, 64), (256, 128), (128, 256)])
 @pytest.mark.parametrize("track", [False, True])
 @pytest.mark.parametrize("null", [-1, 0])
-def test_commit_matches_the_reference(K, V, sdt, track, null):
+@pytest.mark.parametrize("form", ["rule", "tc"])
+def test_commit_matches_the_reference(K, V, sdt, track, null, form):
+    if form == "tc" and (K != 128 or track):
+        pytest.skip("the tc form's commit: K = 128, without track")
     L, S, H, HV, T, B = 2, 24, 4, 8, 6, 9
     g = torch.Generator(device=DEV).manual_seed(K + V + int(track) + 3 * null)
     ck = (torch.randn(L, S, HV, V, K, device=DEV, generator=g) * 0.1).to(sdt)
@@ -94,18 +112,23 @@ def test_commit_matches_the_reference(K, V, sdt, track, null):
     expect = replay_commit_reference(ck, rawv, rawk, gc, bc, idx, acc, null_block_id=null,
                                      **{n: x.cpu() for n, x in kw.items()})
     got = ck.clone()
-    gdnjit.gated_delta_rule_replayssm_commit(got, rawv, rawk, gc, bc, idx.to(DEV), acc.to(DEV), null_block_id=null, **kw)
-    torch.cuda.synchronize()
+    with _form(form):
+        gdnjit.gated_delta_rule_replayssm_commit(got, rawv, rawk, gc, bc, idx.to(DEV), acc.to(DEV), null_block_id=null,
+                                                 **kw)
+        torch.cuda.synchronize()
     changed = (expect.to(sdt) != ck).flatten(2).any(-1)  # [L, S]: slots the reference wrote
     assert torch.equal(got[~changed], ck[~changed])
     assert _rel(got[changed], expect[changed]) < (2e-3 if sdt == torch.float32 else 1e-2)
 
 
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("T", [2, 4, 8])
-def test_verify_then_commit_is_decoding_the_accepted_tokens(T, sdt):
+@pytest.mark.parametrize("T", [2, 3, 4, 8])
+@pytest.mark.parametrize("form", ["rule", "tc"])
+def test_verify_then_commit_is_decoding_the_accepted_tokens(T, sdt, form):
     """A speculative step the FlashInfer way: frozen verify with the cache, then the commit of accept_lens tokens;
     the checkpoint equals the state after plainly decoding those tokens, the verify outputs the decode's."""
+    if form == "tc" and T < 3:
+        pytest.skip("the tc form runs T 3..8")
     N, H, HV, K, V = 32, 4, 16, 128, 128
     q, k, v, A_log, a, dtb, b = _inputs(N, T, H, HV, K, V, 7 * T)
     slots = N + 3
@@ -114,11 +137,13 @@ def test_verify_then_commit_is_decoding_the_accepted_tokens(T, sdt):
     acc = torch.randint(1, T + 1, (N,), dtype=torch.int32)
     rawv, rawk, gc, bc = _caches(slots, H, HV, T, K, V)
     p0 = pool.clone()
-    out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True,
-                                         cache_replayssm=True, replayssm_rawv=rawv, replayssm_rawk=rawk,
-                                         replayssm_g=gc, replayssm_beta=bc)
-    gdnjit.gated_delta_rule_replayssm_commit(pool[None], rawv[None], rawk[None], gc[None], bc[None], idx, acc.to(DEV))
-    torch.cuda.synchronize()
+    with _form(form):
+        out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True,
+                                             cache_replayssm=True, replayssm_rawv=rawv, replayssm_rawk=rawk,
+                                             replayssm_g=gc, replayssm_beta=bc)
+        gdnjit.gated_delta_rule_replayssm_commit(pool[None], rawv[None], rawk[None], gc[None], bc[None], idx,
+                                                 acc.to(DEV))
+        torch.cuda.synchronize()
     for n in range(N):
         m = int(acc[n])
         ref = gdn_reference(q[n:n + 1, :m], k[n:n + 1, :m], v[n:n + 1, :m], A_log, a[n:n + 1, :m], dtb, b[n:n + 1, :m],
