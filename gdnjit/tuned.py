@@ -67,6 +67,12 @@ class TunedTable:
         tb, tunables = min(cands, key=lambda c: (abs(math.log(c[0]) - math.log(B)), c[0]))
         return tunables if abs(math.log(tb) - math.log(B)) <= math.log(MAX_B_RATIO) + 1e-9 else None
 
+    def covers(self, spec: str, params: dict[str, Any], facts: dict[str, Any]) -> bool:
+        """Whether the table has entries for these params and facts (all but the batch fact and num_sms, which
+        may be absent): False means :meth:`lookup` returns None for every batch size."""
+        batch = _batch_fact(spec)
+        return batch is not None and _problem_key(spec, params, facts, batch) in self._by_problem
+
     def __len__(self) -> int:
         return sum(len(v) for v in self._by_problem.values())
 

@@ -14,7 +14,6 @@ from typing import Callable, Iterable, Sequence
 
 from . import dispatch
 from .cache import DiskCache
-from .cache.key import cache_key
 from .config import Config
 from .errors import CompileError
 from .shapes import Problem, iter_facts, params_for
@@ -64,18 +63,20 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
     from .tuned import TunedTable
 
     seen: dict[tuple, Variant] = {}
-    problems = list(problems)
+    # models and degrees that give a call the same heads are one problem to the dispatcher: plan each once
+    problems = list({(p.spec, p.params, p.facts, p.batch_fact, p.batch_sizes): p for p in problems}.values())
     for arch in archs:
         tables = [TunedTable(doc.get("entries", [])) for doc in tuned if doc.get("arch") == arch]
         counts = tuple(num_sms) if num_sms else sm_counts_for(arch)
         for prob in problems:
             spec = get_spec(prob.spec)
             params = params_for(prob, arch)
+            live = [t for t in tables if t.covers(spec.name, params, dict(prob.facts))]  # most problems: none
             for sms in counts:
                 for facts in iter_facts(prob, sms):
                     choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts},
                                                batch_invariant=batch_invariant)[0]]
-                    for table in tables:
+                    for table in live:
                         t = table.lookup(spec.name, params, facts, batch_invariant)
                         if t is not None and spec.valid(params, t):
                             choices.append(t)
@@ -99,7 +100,7 @@ class WarmResult:
 def _warm_one(variant: Variant, config: Config) -> WarmResult:
     cache = DiskCache(config)
     t0 = time.perf_counter()
-    hit = None if config.always_compile else cache.lookup(variant.name, cache_key(variant.key_fields))
+    hit = None if config.always_compile else cache.lookup(variant.name, variant.key)
     if hit is not None:
         return WarmResult(variant, "cached", time.perf_counter() - t0, hit.meta)
     try:
@@ -120,7 +121,7 @@ def warm(variants: Sequence[Variant], config: Config, jobs: int | None = None,
     results: dict[int, WarmResult] = {}
     todo = []
     for i, v in enumerate(variants):
-        hit = None if config.always_compile else cache.lookup(v.name, cache_key(v.key_fields))
+        hit = None if config.always_compile else cache.lookup(v.name, v.key)
         if hit is not None:
             results[i] = WarmResult(v, "cached", 0.0, hit.meta)
             if on_done:

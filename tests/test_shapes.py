@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from gdnjit.errors import SpecError
@@ -154,6 +155,38 @@ def test_shipped_files_list_the_conv_shapes(fname):
     assert {dict(p.params)["T"] for p in conv if dict(p.params)["acc_dtype"] == "int32"} == verify_T
     assert any(dict(p.params)["T"] == 1 and dict(p.params)["acc_dtype"] == "none" for p in conv)
     assert all(p.batch_fact == "B" for p in conv)
+
+
+@pytest.mark.parametrize("fname", SHIPPED)
+def test_shipped_files_warm_the_speculative_steps_the_ops_launch(fname):
+    """The fused step, its flush and FlashInfer's ReplaySSM verify and commit, as the op modules build them (their
+    KernelCall params), are among the shipped file's problems, so `gdnjit warm` compiles what they launch."""
+    from gdnjit.gdn_engine import _prepare as engine_prepare
+    from gdnjit.replay import _prepare as replay_prepare
+    from gdnjit.spec_step import _prepare as step_prepare, spec_cache
+
+    probs = {(p.spec, tuple(sorted(dict(p.params).items()))) for p in load_shapes(fname)}
+    bf = torch.bfloat16
+    H, HV, K, V, B, S, T = 16, 32, 128, 128, 4, 9, 3
+    for sdt in (torch.float32, torch.bfloat16):
+        z = lambda *s: torch.zeros(*s, dtype=bf)  # noqa: E731
+        idx = torch.zeros(B, dtype=torch.int32)
+        state = torch.zeros(S, HV, V, K, dtype=sdt)
+        cache = spec_cache(S, H, HV, T, K, V)
+        step = step_prepare(z(B, T, H, K), z(B, T, H, K), z(B, T, HV, V), torch.zeros(HV), z(B, T, HV), torch.zeros(HV),
+                            z(B, T, HV), state, idx, idx, cache, None, True, 1.0, 20.0, -1, None, require_cuda=False)[1]
+        flush = step_prepare(None, None, None, None, None, None, None, state, idx, idx, cache, None, True, 1.0, 20.0, -1,
+                             None, flush=True, require_cuda=False)[1]
+        caches = (z(S, HV, T, V), z(S, H, T, K), torch.zeros(S, HV, T), torch.zeros(S, HV, T))
+        verify = engine_prepare(z(B, T, H, K), z(B, T, H, K), z(B, T, HV, V), torch.zeros(HV), z(B, T, HV),
+                                torch.zeros(HV), z(B, T, HV), state, T, idx, None, None, None, None, None, None, False,
+                                False, "negative", "skip", "raw", None, True, 1.0, 20.0, None, require_cuda=False,
+                                replay_cache=caches, zero_padding=True)[1]
+        commit = replay_prepare(state[None], z(1, S, HV, T, V), z(1, S, H, T, K), torch.zeros(1, S, HV, T),
+                                torch.zeros(1, S, HV, T), idx, idx, None, None, True, -1, require_cuda=False)
+        for name, call in (("spec_step", step), ("spec_flush", flush), ("replayssm_verify", verify),
+                           ("replayssm_commit", commit)):
+            assert ("gdn", tuple(sorted(call.params.items()))) in probs, (fname, name, sdt)
 
 
 def heads(p: Problem) -> tuple[int, int]:

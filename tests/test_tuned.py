@@ -41,3 +41,14 @@ def test_other_params_heads_or_spec_do_not_match():
 def test_first_file_wins_at_equal_batch():
     t = TunedTable([_entry(8, 16), _entry(8, 32)])
     assert _pick(t, 8) == 16 and len(t) == 2
+
+
+def test_covers_says_whether_any_batch_size_can_match():
+    """What warm's planner asks once per problem before looking a table up at each batch size."""
+    t = TunedTable([_entry(8, 16)])
+    assert t.covers("gdn", PARAMS, {"H": 16, "HV": 64}) and t.covers("gdn", PARAMS, {"H": 16, "HV": 64, "B": 512})
+    assert not t.covers("gdn", PARAMS, {"H": 16, "HV": 32}) and not t.covers("gdn", {"layout": "klast", "T": 4},
+                                                                            {"H": 16, "HV": 64})
+    assert not t.covers("nvfp4_quantize", PARAMS, {"H": 16, "HV": 64}) and not t.covers("nope", PARAMS, {})
+    for B in (1, 4, 8, 16, 17, 512):  # covers is the union of lookup's hits over the batch sizes
+        assert (_pick(t, B) is not None) <= t.covers("gdn", PARAMS, {"H": 16, "HV": 64})
