@@ -9,7 +9,10 @@ poisoned / checked in full: slots no request writes must keep their bits.
 
 from __future__ import annotations
 
+import contextlib
+import pathlib
 import random
+import sys
 
 import pytest
 import torch
@@ -58,6 +61,17 @@ def _cuda(*xs):
     return [x.to(DEV) for x in xs]
 
 
+def _staging(stage):
+    """None: the dispatcher's variant; True / False: a recurrent variant with the tokens staged in shared memory first
+    or loaded in the token loop (the two paths of a varlen request of at most T tokens)."""
+    if stage is None:
+        return contextlib.nullcontext()
+    sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "ops"))
+    from gdn_cases import forcing
+
+    return forcing({"form": "recurrent", "pipe": 1, "stage": stage})
+
+
 def _tol(sdt):
     return (2e-2, 2e-3) if sdt == torch.float32 else (2e-2, 2e-2)  # (bf16 outputs, state)
 
@@ -65,11 +79,13 @@ def _tol(sdt):
 # ---- vLLM -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("stage", [None, True, False])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,S", [(1, 2), (7, 4), (33, 8), (70, 3)])
-def test_vllm_spec_varlen_accepted(N, S, sdt):
+def test_vllm_spec_varlen_accepted(N, S, sdt, stage):
     """vLLM's spec-decode call: varlen lengths 0..S, 2-D slot map (null block 0 in padded rows and columns),
-    accepted counts 1..S; the state after token t lands in column t; other slots keep their bits."""
+    accepted counts 1..S; the state after token t lands in column t; other slots keep their bits. Staged tokens
+    forced on and off besides the dispatcher's choice."""
     rng = random.Random(N * 100 + S)
     lens = [rng.randint(0, S) for _ in range(N)]
     cu = [0]
@@ -107,11 +123,12 @@ def test_vllm_spec_varlen_accepted(N, S, sdt):
                 written.add(dst)
     qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
     cud, idxd, accd = _cuda(torch.tensor(cu, dtype=torch.int32), idx, acc)
-    o, st = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd,
-                                                        inplace_final_state=True, cu_seqlens=cud,
-                                                        ssm_state_indices=idxd, num_accepted_tokens=accd,
-                                                        use_qk_l2norm_in_kernel=True)
-    torch.cuda.synchronize()
+    with _staging(stage):
+        o, st = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd,
+                                                            inplace_final_state=True, cu_seqlens=cud,
+                                                            ssm_state_indices=idxd, num_accepted_tokens=accd,
+                                                            use_qk_l2norm_in_kernel=True)
+        torch.cuda.synchronize()
     assert st is pd
     otol, stol = _tol(sdt)
     # rows of the requests only: the flat token dim may be longer than cu_seqlens[-1] (here when every request has 0
@@ -243,20 +260,32 @@ def _random_tree(T, rng):
     return parent
 
 
+@pytest.mark.parametrize("stage", [None, True, False])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tree", [False, True])
-@pytest.mark.parametrize("N,T", [(1, 2), (5, 4), (24, 8), (64, 6)])
-def test_sglang_verify(N, T, tree, sdt):
-    """SGLang's target verify: uniform draft length T as varlen, disable_state_update, the per-step buffer with
-    intermediate_state_indices (a -1 row: not cached), padding requests (slot -1: zero state, outputs written),
-    random EAGLE trees; the pool keeps its bits."""
+@pytest.mark.parametrize("N,T", [(1, 2), (5, 4), (24, 8), (64, 6), ("batched", 5)])
+def test_sglang_verify(N, T, tree, sdt, stage):
+    """SGLang's target verify: draft length T as varlen (one request shorter), disable_state_update, the per-step
+    buffer with intermediate_state_indices (a -1 row: not cached), padding requests (slot -1: zero state, outputs
+    written), random EAGLE trees; the pool keeps its bits. Staged tokens forced on and off besides the dispatcher's
+    choice. "batched": q as [N, T, H, K] without cu_seqlens (every request T tokens)."""
+    batched = N == "batched"
+    N = 9 if batched else N
     rng = random.Random(N * 10 + T + 1000 * tree)
-    total = N * T
+    lens = [T] * N
+    if not batched:
+        lens[rng.randrange(N)] = rng.randint(1, T)  # a request shorter than the bound (e.g. a tree's pruned draft)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    total = cu[-1]
     q, k, v, a, b, A_log, dtb, pool = _inputs(total, sdt, N + T)
     slots = torch.tensor(rng.sample(range(64), N), dtype=torch.int32)
     for n in range(N):
         if rng.random() < 0.15:
             slots[n] = -1
+    if batched:
+        slots[rng.randrange(N)] = -1  # a padding request in the loop over every token (no varlen break)
     rows = torch.tensor(rng.sample(range(N + 2), N), dtype=torch.int32)
     for n in range(N):
         if rng.random() < 0.1:
@@ -268,8 +297,8 @@ def test_sglang_verify(N, T, tree, sdt):
     for n in range(N):
         S_ = pool[int(slots[n])].double() if slots[n] >= 0 else torch.zeros(HV, V, K, dtype=F64)
         r = int(rows[n])
-        for t in range(T):
-            tok = n * T + t
+        for t in range(lens[n]):
+            tok = cu[n] + t
             if tree and t > 0 and r >= 0:
                 S_ = exp_buf[r, int(parents[n, t])]
             o_, S_ = _token(q[0, tok], k[0, tok], v[0, tok], a[tok], b[tok], A_log, dtb, S_)
@@ -277,19 +306,28 @@ def test_sglang_verify(N, T, tree, sdt):
             if r >= 0:
                 exp_buf[r, t] = S_.to(sdt).double()  # stored in the buffer's dtype (a tree reloads the rounded value)
     qd, kd, vd, ad, bd, Ad, dd, pd, bufd = _cuda(q, k, v, a, b, A_log, dtb, pool, buf)
-    o = sglang.fused_sigmoid_gating_delta_rule_update(
-        Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots.to(DEV), use_qk_l2norm_in_kernel=True,
-        cu_seqlens=torch.arange(0, total + 1, T, dtype=torch.int32, device=DEV), disable_state_update=True,
-        intermediate_states_buffer=bufd, intermediate_state_indices=rows.to(DEV), cache_steps=T,
-        retrieve_parent_token=None if parents is None else parents.to(DEV))
-    torch.cuda.synchronize()
+    if batched:
+        qd, kd, vd = (x.view(N, T, *x.shape[2:]) for x in (qd, kd, vd))
+    with _staging(stage):
+        o = sglang.fused_sigmoid_gating_delta_rule_update(
+            Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots.to(DEV), use_qk_l2norm_in_kernel=True,
+            cu_seqlens=None if batched else torch.tensor(cu, dtype=torch.int32, device=DEV), disable_state_update=True,
+            intermediate_states_buffer=bufd, intermediate_state_indices=rows.to(DEV), cache_steps=None if batched else T,
+            retrieve_parent_token=None if parents is None else parents.to(DEV))
+        torch.cuda.synchronize()
     otol, stol = _tol(sdt)
     assert torch.equal(pd.cpu(), pool)
-    assert _rel(o.cpu(), exp_out) < otol
+    assert _rel(o.cpu().reshape(exp_out.shape), exp_out) < otol
     used = sorted(int(r) for r in rows if r >= 0)
     unused = [r for r in range(N + 2) if r not in used]
-    assert torch.isnan(bufd.cpu()[unused].float()).all()
-    assert _rel(bufd.cpu()[used], exp_buf[used]) < stol
+    got = bufd.cpu()
+    assert torch.isnan(got[unused].float()).all()
+    steps = {int(rows[n]): lens[n] for n in range(N) if rows[n] >= 0}  # a row's steps past its request's length: unwritten
+    assert all(torch.isnan(got[r, steps[r]:].float()).all() for r in used)
+    written = torch.cat([got[r, :steps[r]] for r in used]) if used else got[:0]
+    expected = torch.cat([exp_buf[r, :steps[r]] for r in used]) if used else exp_buf[:0]
+    if used:
+        assert _rel(written, expected) < stol
 
 
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
