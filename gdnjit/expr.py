@@ -278,7 +278,9 @@ def _evaluate_memo(text: str, names: tuple[str, ...], values: tuple) -> Any:
 
 def _evaluate(text: str, context: Mapping[str, Any]) -> Any:
     fn = compile_expr(text)
-    jinja2 = sys.modules.get("jinja2")  # loaded only if some expression took the Jinja path
+    # jinja2's exceptions and Undefined only for an expression that took the Jinja path (its import is complete then:
+    # another thread's import in progress leaves a partial module in sys.modules, without Undefined)
+    jinja2 = None if isinstance(fn, _FastExpr) else sys.modules.get("jinja2")
     try:
         result = fn(**context)
     except UndefinedName as e:

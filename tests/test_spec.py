@@ -774,6 +774,19 @@ CHECK_EXPR_CASES = [
 ]
 
 
+def test_expr_evaluates_while_another_thread_imports_jinja2(monkeypatch):
+    """A fast-path expression does not look at jinja2: while another thread's ``import jinja2`` is under way,
+    sys.modules holds a partial module without ``Undefined`` (seen as an AttributeError in tools/compare_sass.py's threads)."""
+    import types
+
+    monkeypatch.setitem(sys.modules, "jinja2", types.ModuleType("jinja2"))  # partial: no attributes yet
+    text = "K * 3 + lanes_per_row"
+    assert isinstance(gexpr.compile_expr(text), gexpr._FastExpr)
+    assert gexpr._evaluate(text, {"K": 128, "lanes_per_row": 8}) == 392
+    with pytest.raises(gexpr.ExprError, match="ZeroDivisionError"):
+        gexpr._evaluate("K // lanes_per_row", {"K": 1, "lanes_per_row": 0})
+
+
 @pytest.mark.parametrize("text", CHECK_EXPR_CASES)
 def test_check_expr_refuses_exactly_what_compile_expr_refuses(text):
     """Loading checks expressions with check_expr (a parse, and a compile only where the parse cannot decide)
