@@ -257,3 +257,30 @@ def test_tc_form_variants_compile_clean():
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         bad = [r for r in pool.map(one, todo) if r is not None]
     assert not bad, bad[:3]
+
+
+def test_sglang_verify_variants_compile_clean():
+    """SGLang's verify, chain and tree (its bf16 chain at T <= 4 in 1-warp CTAs asks for 18 CTAs per SM: docs/perf.md
+    v21): the dispatcher's two kinds for it at T 2..8, both state dtypes, compile with no spills, no stack frame and
+    no warnings; those asking for 18 CTAs within their registers."""
+    base = {n: v[0] for n, v in SPEC.params}
+    kinds = {"staged": {"lanes_per_row": 4, "ilp": 1, "tile_v": 32, "stage": True, "form": "recurrent", "pipe": 1,
+                        "k_warps": 1, "l2_prefetch": True},
+             "unstaged": {"lanes_per_row": 16, "ilp": 4, "tile_v": 8, "stage": False, "form": "recurrent", "pipe": 1,
+                          "k_warps": 1, "l2_prefetch": False}}
+    todo = []
+    for (kind, t), sd, T, tree in itertools.product(kinds.items(), ("fp32", "bf16"), range(2, 9), (False, True)):
+        p = dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, inter_dtype=sd, in_dtype="bf16", pool=True,
+                 update=False, varlen=True, bounded=True, tree=tree, inter_indexed=True, padding="zero_state")
+        todo.append(_variant(p, t))
+
+    def one(v):
+        m = v.build().meta
+        cap = 65536 // (18 * 32) if dict(v.values)["min_blocks"] == 18 else 255
+        ok = (m["spill_bytes"] == 0 and m["stack_bytes"] == 0 and not m["warnings"] and m["registers"] <= cap)
+        return None if ok else (v.describe(), m)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        bad = [r for r in pool.map(one, todo) if r is not None]
+    assert not bad, bad[:3]
+    assert any(dict(v.values)["min_blocks"] == 18 for v in todo)

@@ -61,15 +61,24 @@ def _cuda(*xs):
     return [x.to(DEV) for x in xs]
 
 
+_KINDS = {  # the recurrent variants the H200 dispatcher picks for SGLang's verify at B = 1 (staged) and B >= 32
+    "staged": {"lanes_per_row": 4, "ilp": 1, "tile_v": 32, "stage": True, "form": "recurrent", "pipe": 1,
+               "k_warps": 1, "l2_prefetch": True},
+    "unstaged": {"lanes_per_row": 16, "ilp": 4, "tile_v": 8, "stage": False, "form": "recurrent", "pipe": 1,
+                 "k_warps": 1, "l2_prefetch": False},
+}
+
+
 def _staging(stage):
     """None: the dispatcher's variant; True / False: a recurrent variant with the tokens staged in shared memory first
-    or loaded in the token loop (the two paths of a varlen request of at most T tokens)."""
+    or loaded in the token loop (the two paths of a varlen request of at most T tokens); a name of _KINDS: that
+    variant (the 1-warp one asks for 18 CTAs per SM with bf16 state, SGLang's verify)."""
     if stage is None:
         return contextlib.nullcontext()
     sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "ops"))
     from gdn_cases import forcing
 
-    return forcing({"form": "recurrent", "pipe": 1, "stage": stage})
+    return forcing(_KINDS[stage] if isinstance(stage, str) else {"form": "recurrent", "pipe": 1, "stage": stage})
 
 
 def _tol(sdt):
@@ -79,13 +88,14 @@ def _tol(sdt):
 # ---- vLLM -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", [None, True, False])
+@pytest.mark.parametrize("stage", [None, True, False, "staged"])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,S", [(1, 2), (7, 4), (33, 8), (70, 3)])
 def test_vllm_spec_varlen_accepted(N, S, sdt, stage):
     """vLLM's spec-decode call: varlen lengths 0..S, 2-D slot map (null block 0 in padded rows and columns),
     accepted counts 1..S; the state after token t lands in column t; other slots keep their bits. Staged tokens
-    forced on and off besides the dispatcher's choice."""
+    forced on and off besides the dispatcher's choice, and the staged B = 1 variant with its L2 prefetch (the count
+    and the slot map's first columns read together)."""
     rng = random.Random(N * 100 + S)
     lens = [rng.randint(0, S) for _ in range(N)]
     cu = [0]
@@ -260,7 +270,7 @@ def _random_tree(T, rng):
     return parent
 
 
-@pytest.mark.parametrize("stage", [None, True, False])
+@pytest.mark.parametrize("stage", [None, True, False, "unstaged"])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("N,T", [(1, 2), (5, 4), (24, 8), (64, 6), ("batched", 5)])
@@ -268,7 +278,8 @@ def test_sglang_verify(N, T, tree, sdt, stage):
     """SGLang's target verify: draft length T as varlen (one request shorter), disable_state_update, the per-step
     buffer with intermediate_state_indices (a -1 row: not cached), padding requests (slot -1: zero state, outputs
     written), random EAGLE trees; the pool keeps its bits. Staged tokens forced on and off besides the dispatcher's
-    choice. "batched": q as [N, T, H, K] without cu_seqlens (every request T tokens)."""
+    choice, and the 1-warp variant of B >= 32 (with bf16 state asked for 18 CTAs per SM). "batched": q as [N, T, H, K]
+    without cu_seqlens (every request T tokens)."""
     batched = N == "batched"
     N = 9 if batched else N
     rng = random.Random(N * 10 + T + 1000 * tree)
@@ -354,6 +365,55 @@ def test_sglang_decode_update(sdt):
     otol, stol = _tol(sdt)
     assert _rel(o.cpu(), exp_out) < otol
     assert _rel(pd.cpu(), exp_pool) < stol
+
+
+@pytest.mark.parametrize("kind", list(_KINDS))
+@pytest.mark.parametrize("T", [3, 4, 5, 8])
+def test_sglang_tree_token_equals_the_chain_of_its_path(T, kind):
+    """Bitwise, fp32 state (the buffer holds the running state exactly): every token of a tree verify gives the output
+    and buffered state that a chain verify of its root-to-token path gives, in the same variant (a parent that is not
+    the previous token read back from the buffer), staged or not, at T 3..8."""
+    N = 6
+    rng = random.Random(T * 7 + len(kind))
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, torch.float32, 300 + T)
+    parents = [_random_tree(T, rng) for _ in range(N)]
+    parents[0] = [0] + [t - 1 for t in range(1, T)]  # a chain among the trees
+    slots = torch.tensor(rng.sample(range(64), N), dtype=torch.int32)
+    paths = []  # (request, token, flat rows of its root-to-token path)
+    for n in range(N):
+        for t in range(T):
+            path, x = [t], t
+            while x > 0:
+                x = parents[n][x]
+                path.append(x)
+            paths.append((n, t, [n * T + j for j in reversed(path)]))
+    rows = [r for _, _, p in paths for r in p]
+    cu2 = [0]
+    for _, _, p in paths:
+        cu2.append(cu2[-1] + len(p))
+    M = len(paths)
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    ix = torch.tensor(rows, device=DEV)
+
+    def verify(q_, k_, v_, a_, b_, cu, slot, nreq, parent):
+        buf = torch.full((nreq, T, HV, V, K), float("nan"), device=DEV)
+        o = sglang.fused_sigmoid_gating_delta_rule_update(
+            Ad, a_, dd, 1.0, 20.0, q_, k_, v_, b_, pd, slot, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=DEV), disable_state_update=True,
+            intermediate_states_buffer=buf, intermediate_state_indices=torch.arange(nreq, dtype=torch.int32, device=DEV),
+            cache_steps=T, retrieve_parent_token=parent)
+        return o, buf
+
+    with _staging(kind):
+        o_tree, buf_tree = verify(qd, kd, vd, ad, bd, list(range(0, N * T + 1, T)), slots.to(DEV), N,
+                                  torch.tensor(parents, dtype=torch.int32, device=DEV))
+        o_path, buf_path = verify(qd[:, ix], kd[:, ix], vd[:, ix], ad[ix], bd[ix], cu2,
+                                  slots.repeat_interleave(T).to(DEV), M, None)
+        torch.cuda.synchronize()
+    for m, (n, t, p) in enumerate(paths):
+        last = cu2[m + 1] - 1
+        assert torch.equal(o_tree[0, n * T + t], o_path[0, last]), (n, t, p)
+        assert torch.equal(buf_tree[n, t], buf_path[m, len(p) - 1]), (n, t, p)
 
 
 def test_sglang_tree_graph_capture():
