@@ -64,6 +64,8 @@ def _cuda(*xs):
 _KINDS = {  # the recurrent variants the H200 dispatcher picks for SGLang's verify at B = 1 (staged) and B >= 32
     "staged": {"lanes_per_row": 4, "ilp": 1, "tile_v": 32, "stage": True, "form": "recurrent", "pipe": 1,
                "k_warps": 1, "l2_prefetch": True},
+    "staged16": {"lanes_per_row": 16, "ilp": 2, "tile_v": 32, "stage": True, "form": "recurrent", "pipe": 1,
+                 "k_warps": 1, "l2_prefetch": True},  # an fp32 tree asks for 32 warps per SM in it (64 registers)
     "unstaged": {"lanes_per_row": 16, "ilp": 4, "tile_v": 8, "stage": False, "form": "recurrent", "pipe": 1,
                  "k_warps": 1, "l2_prefetch": False},
 }
