@@ -418,6 +418,36 @@ def test_sglang_tree_token_equals_the_chain_of_its_path(T, kind):
         assert torch.equal(buf_tree[n, t], buf_path[m, len(p) - 1]), (n, t, p)
 
 
+@pytest.mark.parametrize("kind, sdt, tree", [("unstaged", torch.bfloat16, False), ("staged16", torch.float32, True)])
+def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree):
+    """SGLang's verify dispatches as the native verify of its shape (gdn.yaml dispatch_params) but may ask ptxas for
+    another register budget (min blocks 18 for the 1-warp bf16 chain, 32 warps per SM for a staged fp32 tree): same
+    source, same bits. A tree whose parents are each the previous token is the chain. (docs/design.md 4.8)"""
+    import gdnjit
+
+    N, T = 6, 4
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, sdt, 77)
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    slots = torch.tensor(random.Random(5).sample(range(64), N), dtype=torch.int32, device=DEV)
+    rows = torch.arange(N, dtype=torch.int32, device=DEV)
+    cu = torch.arange(0, N * T + 1, T, dtype=torch.int32, device=DEV)
+    parents = torch.tensor([[0] + list(range(T - 1))] * N, dtype=torch.int32, device=DEV) if tree else None
+    buf_c = torch.full((N, T, HV, V, K), float("nan"), dtype=sdt, device=DEV)
+    buf_n = buf_c.clone()
+    out_n = torch.empty(N, T, HV, V, dtype=torch.bfloat16, device=DEV)
+    with _staging(kind):
+        o_c = sglang.fused_sigmoid_gating_delta_rule_update(
+            Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+            disable_state_update=True, intermediate_states_buffer=buf_c, intermediate_state_indices=rows,
+            retrieve_parent_token=parents)
+        gdnjit.gated_delta_rule_mtp(
+            qd.view(N, T, H, K), kd.view(N, T, H, K), vd.view(N, T, HV, V), pd, slots, Ad, ad.view(N, T, HV), dd,
+            bd.view(N, T, HV), output=out_n, intermediate_states_buffer=buf_n, disable_state_update=True)
+        torch.cuda.synchronize()
+    assert torch.equal(o_c.reshape(out_n.shape), out_n)
+    assert torch.equal(buf_c, buf_n)
+
+
 def test_sglang_tree_graph_capture():
     """A captured SGLang tree verify replays with new drafts and new trees copied into its buffers."""
     N, T = 32, 8
