@@ -259,11 +259,12 @@ def test_tc_form_variants_compile_clean():
     assert not bad, bad[:3]
 
 
-def test_sglang_verify_variants_compile_clean():
+def test_engine_verify_variants_compile_clean():
     """SGLang's verify, chain and tree (its bf16 chain at T <= 4 in 1-warp CTAs asks for 18 CTAs per SM, a staged tree
-    (fp32) for 32 warps per SM: docs/perf.md v21): the dispatchers' kinds for it (the H200's at B = 1 and B >= 32, another staged
-    one) at T 2..8, both state dtypes, compile with no spills, no stack frame and no warnings, within the
-    registers their min blocks allow."""
+    (fp32) for 32 warps per SM: docs/perf.md v21; at T > 4 that chain, and vLLM's bf16 spec verify in 1-warp CTAs, are
+    capped at 96 registers: v22) and vLLM's spec verify: the dispatchers' kinds for them (the H200's at B = 1 and
+    B >= 32, another staged one) at T 2..8, both state dtypes, compile with no spills, no stack frame and no warnings,
+    within the registers their min blocks or cap allow."""
     base = {n: v[0] for n, v in SPEC.params}
     kinds = {"staged": {"lanes_per_row": 16, "ilp": 2, "tile_v": 32, "stage": True, "form": "recurrent", "pipe": 1,
                         "k_warps": 1, "l2_prefetch": True},
@@ -276,11 +277,16 @@ def test_sglang_verify_variants_compile_clean():
         p = dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, inter_dtype=sd, in_dtype="bf16", pool=True,
                  update=False, varlen=True, bounded=True, tree=tree, inter_indexed=True, padding="zero_state")
         todo.append(_variant(p, t))
+        if not tree:  # vLLM's spec verify: accepted counts, per-token pool writes
+            p = dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", pool=True, update=True,
+                     varlen=True, bounded=True, accepted=True, ssm_idx_dtype="int32")
+            todo.append(_variant(p, t))
 
     def one(v):
         m = v.build().meta
         vals = dict(v.values)
         cap = min(255, 65536 // (vals["min_blocks"] * vals["num_warps"] * 32)) if vals["min_blocks"] else 255
+        cap = min(cap, vals["max_registers"] or 255)
         ok = (m["spill_bytes"] == 0 and m["stack_bytes"] == 0 and not m["warnings"] and m["registers"] <= cap)
         return None if ok else (v.describe(), m)
 
@@ -289,3 +295,5 @@ def test_sglang_verify_variants_compile_clean():
     assert not bad, bad[:3]
     assert any(dict(v.values)["min_blocks"] == 18 for v in todo)  # the bf16 chain's 1-warp variant
     assert any(dict(v.values)["min_blocks"] == 4 and dict(v.params)["tree"] for v in todo)  # the B = 1 fp32 tree's
+    capped = {(dict(v.params)["accepted"], dict(v.params)["T"]) for v in todo if dict(v.values)["max_registers"] == 96}
+    assert (True, 8) in capped and (False, 8) in capped and (False, 4) not in capped  # vLLM's, SGLang's at T > 4

@@ -7,12 +7,15 @@ slots (random distinct slots per request), accepted counts uniform in 1..T (fixe
   verify_copy  today's path: gated_delta_rule_mtp into an intermediate-states buffer (pool untouched), then the
                engine's copy-back of each request's accepted state to its slot (a gather and an index_copy_)
   replayssm    FlashInfer's ReplaySSM: verify caching raw k / v / g / beta per slot, then replayssm_commit (L = 1)
+  rs_verify    that verify alone (the issue's verify target: its floor is one state pass)
+  rs_commit    that commit alone, replaying the accepted cached tokens into the slots (two state passes)
   fused        gated_delta_rule_spec_step: replay the previous step's accepted tokens and verify the new ones
   decode       one plain decode step (T = 1) over the same pool, for reference
 Floor = the bytes a step must move over the copy bandwidth measured in the same run (bench_common.copy_bandwidth,
 read + write): verify_copy (T + 3) x the B requests' states (read, T written, the copy's read + write), replayssm 3
-(verify read, commit read + write), fused and decode 2; plus q/k/v/a/b read and the outputs written, and for
-replayssm and fused the cached tokens (T written, the accepted ones read back). frac = floor / measured;
+(verify read, commit read + write), rs_verify 1, rs_commit, fused and decode 2; plus q/k/v/a/b read and the outputs
+written (not rs_commit), and the cached tokens: T written (replayssm, rs_verify, fused), the accepted ones read back
+(replayssm, rs_commit, fused). frac = floor / measured;
 x T=1 = measured / decode's. Microseconds per step per layer: CUDA-graph replay medians over rotating input sets
 (working set >= 3x L2). --dry-run (no GPU needed) builds one small input set on the CPU and prints the planned rows
 with their floor bytes.
@@ -34,7 +37,8 @@ sys.path.insert(0, os.path.dirname(__file__))
 import bench_common as bc  # noqa: E402
 
 H, K, V = 16, 128, 128
-LABELS = {"verify_copy": "verify+copy", "replayssm": "replayssm", "fused": "fused", "decode": "decode T=1"}
+LABELS = {"verify_copy": "verify+copy", "replayssm": "replayssm", "rs_verify": "rs verify", "rs_commit": "rs commit",
+          "fused": "fused", "decode": "decode T=1"}
 DRY_RUN_L2 = 50 << 20  # H100's L2, to plan the number of input sets without a GPU
 
 
@@ -59,10 +63,11 @@ def make_set(B, T, HV, sdt, modes, dev, seed):
         # the copy-back's long indices are per step, not per layer: an engine builds them once, so does the set
         s.update(buf=torch.empty(B, T, HV, V, K, device=dev, dtype=sdt), rows=torch.arange(B, device=dev),
                  idx_long=idx.long(), last=acc.long() - 1)
-    if "replayssm" in modes:
-        s.update(rawv=torch.empty(slots, HV, T, V, device=dev, dtype=bf),
-                 rawk=torch.empty(slots, H, T, K, device=dev, dtype=bf),
-                 g_cache=torch.empty(slots, HV, T, device=dev), beta_cache=torch.empty(slots, HV, T, device=dev))
+    if {"replayssm", "rs_verify", "rs_commit"} & set(modes):
+        # zeros: the commit alone replays them without a verify having written them first
+        s.update(rawv=torch.zeros(slots, HV, T, V, device=dev, dtype=bf),
+                 rawk=torch.zeros(slots, H, T, K, device=dev, dtype=bf),
+                 g_cache=torch.zeros(slots, HV, T, device=dev), beta_cache=torch.zeros(slots, HV, T, device=dev))
     if "fused" in modes:
         cache = gdnjit.spec_cache(slots, H, HV, T, K, V, dtype=bf, device=dev)
         for x in cache[:4]:  # the first call already replays acc >= 1 cached tokens: give them defined values
@@ -84,8 +89,9 @@ def set_bytes(s) -> int:
 
 
 def n_sets_for(state_bytes: int, nbytes: int, l2: int) -> int:
-    """Sets to rotate over: every mode moves at least 2 states per call, so 3x L2 of those, within ~24 GiB."""
-    return max(2, min(16, -(-3 * l2 // (2 * state_bytes)), (24 << 30) // nbytes))
+    """Sets to rotate over: every mode reads at least the states once per call (rs_verify only that), so 3x L2 of
+    them, within ~24 GiB."""
+    return max(2, min(16, -(-3 * l2 // state_bytes), (24 << 30) // nbytes))
 
 
 def floor_bytes(mode: str, B: int, T: int, HV: int, es: int) -> float:
@@ -94,7 +100,9 @@ def floor_bytes(mode: str, B: int, T: int, HV: int, es: int) -> float:
     io = B * (2 * H * K + 2 * HV * V + 2 * HV) * 2  # one token's q, k, v, output, a, b (bf16)
     token = H * K * 2 + HV * V * 2 + 2 * HV * 4  # one cached token: raw k, v (bf16), g, beta (fp32)
     cached = B * (T + (T + 1) / 2) * token  # T written, the accepted ones read back (expected (T + 1) / 2)
+    written, read_back = B * T * token, B * (T + 1) / 2 * token
     return {"verify_copy": (T + 3) * state + T * io, "replayssm": 3 * state + T * io + cached,
+            "rs_verify": state + T * io + written, "rs_commit": 2 * state + read_back,
             "fused": 2 * state + T * io + cached, "decode": 2 * state + io}[mode]
 
 
@@ -110,14 +118,22 @@ def verify_copy(s):
     copy_back(s)
 
 
-def replayssm(s):
+def rs_verify(s):
     gdnjit.gated_delta_rule_mtp(s["q"], s["k"], s["v"], s["pool"], s["idx"], s["A_log"], s["a"], s["dtb"], s["b"],
                                 output=s["out"], disable_state_update=True, cache_replayssm=True,
                                 replayssm_rawv=s["rawv"], replayssm_rawk=s["rawk"], replayssm_g=s["g_cache"],
                                 replayssm_beta=s["beta_cache"])
+
+
+def rs_commit(s):
     gdnjit.gated_delta_rule_replayssm_commit(s["pool"].unsqueeze(0), s["rawv"].unsqueeze(0), s["rawk"].unsqueeze(0),
                                              s["g_cache"].unsqueeze(0), s["beta_cache"].unsqueeze(0), s["idx"],
                                              s["acc"])
+
+
+def replayssm(s):
+    rs_verify(s)
+    rs_commit(s)
 
 
 def fused(s):
@@ -132,7 +148,8 @@ def decode(s):
                                                 initial_state_indices=s["idx"])
 
 
-CALLS = {"verify_copy": verify_copy, "replayssm": replayssm, "fused": fused, "decode": decode}
+CALLS = {"verify_copy": verify_copy, "replayssm": replayssm, "rs_verify": rs_verify, "rs_commit": rs_commit,
+         "fused": fused, "decode": decode}
 
 
 def shapes(args):

@@ -90,14 +90,15 @@ def _tol(sdt):
 # ---- vLLM -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", [None, True, False, "staged"])
+@pytest.mark.parametrize("stage", [None, True, False, "staged", "unstaged"])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,S", [(1, 2), (7, 4), (33, 8), (70, 3)])
 def test_vllm_spec_varlen_accepted(N, S, sdt, stage):
     """vLLM's spec-decode call: varlen lengths 0..S, 2-D slot map (null block 0 in padded rows and columns),
     accepted counts 1..S; the state after token t lands in column t; other slots keep their bits. Staged tokens
-    forced on and off besides the dispatcher's choice, and the staged B = 1 variant with its L2 prefetch (the count
-    and the slot map's first columns read together)."""
+    forced on and off besides the dispatcher's choice, the staged B = 1 variant with its L2 prefetch (the count
+    and the slot map's first columns read together) and the 1-warp one of B >= 32 (capped at 96 registers with bf16
+    state)."""
     rng = random.Random(N * 100 + S)
     lens = [rng.randint(0, S) for _ in range(N)]
     cu = [0]
@@ -418,14 +419,16 @@ def test_sglang_tree_token_equals_the_chain_of_its_path(T, kind):
         assert torch.equal(buf_tree[n, t], buf_path[m, len(p) - 1]), (n, t, p)
 
 
-@pytest.mark.parametrize("kind, sdt, tree", [("unstaged", torch.bfloat16, False), ("staged16", torch.float32, True)])
-def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree):
+@pytest.mark.parametrize("kind, sdt, tree, T", [("unstaged", torch.bfloat16, False, 4), ("unstaged", torch.bfloat16, False, 8),
+                                                 ("staged16", torch.float32, True, 4)])
+def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree, T):
     """SGLang's verify dispatches as the native verify of its shape (gdn.yaml dispatch_params) but may ask ptxas for
-    another register budget (min blocks 18 for the 1-warp bf16 chain, 32 warps per SM for a staged fp32 tree): same
-    source, same bits. A tree whose parents are each the previous token is the chain. (docs/design.md 4.8)"""
+    another register budget (min blocks 18 for the 1-warp bf16 chain at T <= 4, a 96-register cap at T > 4, 32 warps
+    per SM for a staged fp32 tree): same source, same bits. A tree whose parents are each the previous token is the
+    chain. (docs/design.md 4.8)"""
     import gdnjit
 
-    N, T = 6, 4
+    N = 6
     q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, sdt, 77)
     qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
     slots = torch.tensor(random.Random(5).sample(range(64), N), dtype=torch.int32, device=DEV)
@@ -446,6 +449,36 @@ def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree):
         torch.cuda.synchronize()
     assert torch.equal(o_c.reshape(out_n.shape), out_n)
     assert torch.equal(buf_c, buf_n)
+
+
+@pytest.mark.parametrize("T", [4, 8])
+def test_vllm_spec_matches_the_native_verify_bitwise(T):
+    """vLLM's spec verify (bf16 state, the 1-warp variant of B >= 32, capped at 96 registers) against the native
+    multi-token call doing the same work (the slot map as ssm_state_indices, the accepted column as the read slot):
+    same outputs and pool bits. (docs/design.md 4.8)"""
+    import gdnjit
+
+    N, sdt = 6, torch.bfloat16
+    rng = random.Random(T)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, sdt, 78)
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    idx = torch.tensor(rng.sample(range(1, 64), N * T), dtype=torch.int32, device=DEV).view(N, T)
+    acc = torch.tensor([rng.randint(1, T) for _ in range(N)], dtype=torch.int32, device=DEV)
+    read = idx.gather(1, (acc.long() - 1).unsqueeze(1)).squeeze(1).contiguous()
+    cu = torch.arange(0, N * T + 1, T, dtype=torch.int32, device=DEV)
+    pool_n = pd.clone()
+    out_n = torch.empty(N, T, HV, V, dtype=torch.bfloat16, device=DEV)
+    with _staging("unstaged"):
+        o_c, _ = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd,
+                                                             inplace_final_state=True, cu_seqlens=cu,
+                                                             ssm_state_indices=idx, num_accepted_tokens=acc,
+                                                             use_qk_l2norm_in_kernel=True)
+        gdnjit.gated_delta_rule_mtp(
+            qd.view(N, T, H, K), kd.view(N, T, H, K), vd.view(N, T, HV, V), pool_n, read, Ad, ad.view(N, T, HV), dd,
+            bd.view(N, T, HV), output=out_n, ssm_state_indices=idx, disable_state_update=False)
+        torch.cuda.synchronize()
+    assert torch.equal(o_c.reshape(out_n.shape), out_n)
+    assert torch.equal(pd, pool_n)
 
 
 def test_sglang_tree_graph_capture():
