@@ -263,23 +263,31 @@ def test_engine_verify_variants_compile_clean():
     """SGLang's verify, chain and tree (its bf16 chain at T <= 4 in 1-warp CTAs asks for 18 CTAs per SM, a staged tree
     (fp32) for 32 warps per SM: docs/perf.md v21; at T > 4 that chain, and vLLM's bf16 spec verify in 1-warp CTAs, are
     capped at 96 registers: v22) and vLLM's spec verify: the dispatchers' kinds for them (the H200's at B = 1 and
-    B >= 32, another staged one) at T 2..8, both state dtypes, compile with no spills, no stack frame and no warnings,
-    within the registers their min blocks or cap allow."""
+    B >= 32, another staged one, the pipelined kernel with 2 and 4 items per CTA for chains) at T 2..8, both state
+    dtypes, compile with no spills, no stack frame and no warnings, within the registers their min blocks or cap
+    allow."""
     base = {n: v[0] for n, v in SPEC.params}
     kinds = {"staged": {"lanes_per_row": 16, "ilp": 2, "tile_v": 32, "stage": True, "form": "recurrent", "pipe": 1,
                         "k_warps": 1, "l2_prefetch": True},
              "staged4": {"lanes_per_row": 4, "ilp": 1, "tile_v": 32, "stage": True, "form": "recurrent", "pipe": 1,
                          "k_warps": 1, "l2_prefetch": True},
              "unstaged": {"lanes_per_row": 16, "ilp": 4, "tile_v": 8, "stage": False, "form": "recurrent", "pipe": 1,
-                          "k_warps": 1, "l2_prefetch": False}}
+                          "k_warps": 1, "l2_prefetch": False},
+             "pipe": {"lanes_per_row": 8, "ilp": 2, "tile_v": 64, "stage": True, "form": "recurrent", "pipe": 2,
+                      "k_warps": 1, "l2_prefetch": False},
+             "pipe4": {"lanes_per_row": 8, "ilp": 4, "tile_v": 64, "stage": True, "form": "recurrent", "pipe": 4,
+                       "k_warps": 1, "l2_prefetch": False}}
     todo = []
     for (kind, t), sd, T, tree in itertools.product(kinds.items(), ("fp32", "bf16"), range(2, 9), (False, True)):
         p = dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, inter_dtype=sd, in_dtype="bf16", pool=True,
                  update=False, varlen=True, bounded=True, tree=tree, inter_indexed=True, padding="zero_state")
+        if tree and t["pipe"] > 1:
+            assert SPEC.violations(p, t)  # a tree runs in the CTA kernel only
+            continue
         todo.append(_variant(p, t))
         if not tree:  # vLLM's spec verify: accepted counts, per-token pool writes
             p = dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", pool=True, update=True,
-                     varlen=True, bounded=True, accepted=True, ssm_idx_dtype="int32")
+                     varlen=True, bounded=True, accepted=True, ssm_idx_dtype="int32", null_slot="nonpositive")
             todo.append(_variant(p, t))
 
     def one(v):

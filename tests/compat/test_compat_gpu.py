@@ -68,13 +68,21 @@ _KINDS = {  # the recurrent variants the H200 dispatcher picks for SGLang's veri
                  "k_warps": 1, "l2_prefetch": True},  # an fp32 tree asks for 32 warps per SM in it (64 registers)
     "unstaged": {"lanes_per_row": 16, "ilp": 4, "tile_v": 8, "stage": False, "form": "recurrent", "pipe": 1,
                  "k_warps": 1, "l2_prefetch": False},
+    # the pipelined kernel (the native verify's at mid batch, T 5..8: two or four items per CTA, the next one's state
+    # and tokens in flight); not for trees
+    "pipe": {"lanes_per_row": 8, "ilp": 2, "tile_v": 64, "stage": True, "form": "recurrent", "pipe": 2, "k_warps": 1,
+             "l2_prefetch": False},
+    "pipe4": {"lanes_per_row": 8, "ilp": 4, "tile_v": 64, "stage": True, "form": "recurrent", "pipe": 4, "k_warps": 1,
+              "l2_prefetch": False},
 }
+_CTA_KINDS = ["staged", "staged16", "unstaged"]  # the kinds a tree runs in
 
 
 def _staging(stage):
     """None: the dispatcher's variant; True / False: a recurrent variant with the tokens staged in shared memory first
     or loaded in the token loop (the two paths of a varlen request of at most T tokens); a name of _KINDS: that
-    variant (the 1-warp one asks for 18 CTAs per SM with bf16 state, SGLang's verify)."""
+    variant (the 1-warp one asks for 18 CTAs per SM with bf16 state, SGLang's verify; "pipe", "pipe4": the pipelined
+    kernel)."""
     if stage is None:
         return contextlib.nullcontext()
     sys.path.insert(0, str(pathlib.Path(__file__).parent.parent / "ops"))
@@ -90,15 +98,15 @@ def _tol(sdt):
 # ---- vLLM -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("stage", [None, True, False, "staged", "unstaged"])
+@pytest.mark.parametrize("stage", [None, True, False, "staged", "unstaged", "pipe", "pipe4"])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N,S", [(1, 2), (7, 4), (33, 8), (70, 3)])
 def test_vllm_spec_varlen_accepted(N, S, sdt, stage):
     """vLLM's spec-decode call: varlen lengths 0..S, 2-D slot map (null block 0 in padded rows and columns),
     accepted counts 1..S; the state after token t lands in column t; other slots keep their bits. Staged tokens
     forced on and off besides the dispatcher's choice, the staged B = 1 variant with its L2 prefetch (the count
-    and the slot map's first columns read together) and the 1-warp one of B >= 32 (capped at 96 registers with bf16
-    state)."""
+    and the slot map's first columns read together), the 1-warp one of B >= 32 (capped at 96 registers with bf16
+    state) and the pipelined kernel (2 and 4 items per CTA, each row's indices loaded a step ahead)."""
     rng = random.Random(N * 100 + S)
     lens = [rng.randint(0, S) for _ in range(N)]
     cu = [0]
@@ -185,10 +193,11 @@ def test_vllm_decode_1d_strided_indices_null_block(sdt):
     assert torch.equal(pd.cpu()[0], pool[0])
 
 
-@pytest.mark.parametrize("given", [False, True])
-def test_vllm_not_inplace_and_given_gates(given):
+@pytest.mark.parametrize("given, stage", [(False, None), (True, None), (False, "pipe")])
+def test_vllm_not_inplace_and_given_gates(given, stage):
     """inplace_final_state=False: every token's state in a new [total, HV, V, K] tensor (row = flat token), the pool
-    untouched; fused_recurrent_gated_delta_rule with g / beta computed outside."""
+    untouched; fused_recurrent_gated_delta_rule with g / beta computed outside. Raw gates also in the pipelined
+    kernel (given gates run unstaged)."""
     N, S = 9, 4
     rng = random.Random(3)
     lens = [rng.randint(0, S) for _ in range(N)]
@@ -204,11 +213,12 @@ def test_vllm_not_inplace_and_given_gates(given):
     qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
     args = dict(initial_state=pd, inplace_final_state=False, cu_seqlens=torch.tensor(cu, dtype=torch.int32,
                 device=DEV), ssm_state_indices=idx.to(DEV), num_accepted_tokens=acc.to(DEV), use_qk_l2norm_in_kernel=True)
-    if given:
-        o, fin = vllm.fused_recurrent_gated_delta_rule(qd, kd, vd, g_log.to(DEV), beta.to(DEV), **args)
-    else:
-        o, fin = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, **args)
-    torch.cuda.synchronize()
+    with _staging(stage):
+        if given:
+            o, fin = vllm.fused_recurrent_gated_delta_rule(qd, kd, vd, g_log.to(DEV), beta.to(DEV), **args)
+        else:
+            o, fin = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, **args)
+        torch.cuda.synchronize()
     assert torch.equal(pd.cpu(), pool) and fin.shape == (total, HV, V, K)
     exp_out = torch.zeros(1, total, HV, V, dtype=F64)
     exp_fin = torch.zeros(total, HV, V, K, dtype=F64)
@@ -273,7 +283,7 @@ def _random_tree(T, rng):
     return parent
 
 
-@pytest.mark.parametrize("stage", [None, True, False, "unstaged"])
+@pytest.mark.parametrize("stage", [None, True, False, "unstaged", "pipe", "pipe4"])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("N,T", [(1, 2), (5, 4), (24, 8), (64, 6), ("batched", 5)])
@@ -281,8 +291,10 @@ def test_sglang_verify(N, T, tree, sdt, stage):
     """SGLang's target verify: draft length T as varlen (one request shorter), disable_state_update, the per-step
     buffer with intermediate_state_indices (a -1 row: not cached), padding requests (slot -1: zero state, outputs
     written), random EAGLE trees; the pool keeps its bits. Staged tokens forced on and off besides the dispatcher's
-    choice, and the 1-warp variant of B >= 32 (with bf16 state asked for 18 CTAs per SM). "batched": q as [N, T, H, K]
-    without cu_seqlens (every request T tokens)."""
+    choice, the 1-warp variant of B >= 32 (with bf16 state asked for 18 CTAs per SM) and the pipelined kernel (chains
+    only). "batched": q as [N, T, H, K] without cu_seqlens (every request T tokens)."""
+    if tree and stage in ("pipe", "pipe4"):
+        pytest.skip("a tree runs in the CTA kernel (gdn.yaml: the pipelined kernel takes no parents)")
     batched = N == "batched"
     N = 9 if batched else N
     rng = random.Random(N * 10 + T + 1000 * tree)
@@ -370,7 +382,7 @@ def test_sglang_decode_update(sdt):
     assert _rel(pd.cpu(), exp_pool) < stol
 
 
-@pytest.mark.parametrize("kind", list(_KINDS))
+@pytest.mark.parametrize("kind", _CTA_KINDS)
 @pytest.mark.parametrize("T", [3, 4, 5, 8])
 def test_sglang_tree_token_equals_the_chain_of_its_path(T, kind):
     """Bitwise, fp32 state (the buffer holds the running state exactly): every token of a tree verify gives the output
@@ -420,12 +432,13 @@ def test_sglang_tree_token_equals_the_chain_of_its_path(T, kind):
 
 
 @pytest.mark.parametrize("kind, sdt, tree, T", [("unstaged", torch.bfloat16, False, 4), ("unstaged", torch.bfloat16, False, 8),
-                                                 ("staged16", torch.float32, True, 4)])
+                                                 ("staged16", torch.float32, True, 4), ("pipe", torch.bfloat16, False, 8),
+                                                 ("pipe4", torch.float32, False, 6)])
 def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree, T):
     """SGLang's verify dispatches as the native verify of its shape (gdn.yaml dispatch_params) but may ask ptxas for
     another register budget (min blocks 18 for the 1-warp bf16 chain at T <= 4, a 96-register cap at T > 4, 32 warps
-    per SM for a staged fp32 tree): same source, same bits. A tree whose parents are each the previous token is the
-    chain. (docs/design.md 4.8)"""
+    per SM for a staged fp32 tree) or carry its indices through the pipelined kernel: same source for the tokens, same
+    bits. A tree whose parents are each the previous token is the chain. (docs/design.md 4.8)"""
     import gdnjit
 
     N = 6
@@ -451,11 +464,11 @@ def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree, T):
     assert torch.equal(buf_c, buf_n)
 
 
-@pytest.mark.parametrize("T", [4, 8])
-def test_vllm_spec_matches_the_native_verify_bitwise(T):
-    """vLLM's spec verify (bf16 state, the 1-warp variant of B >= 32, capped at 96 registers) against the native
-    multi-token call doing the same work (the slot map as ssm_state_indices, the accepted column as the read slot):
-    same outputs and pool bits. (docs/design.md 4.8)"""
+@pytest.mark.parametrize("kind, T", [("unstaged", 4), ("unstaged", 8), ("pipe", 8), ("pipe4", 5)])
+def test_vllm_spec_matches_the_native_verify_bitwise(kind, T):
+    """vLLM's spec verify (bf16 state; the 1-warp variant of B >= 32, capped at 96 registers; the pipelined kernel)
+    against the native multi-token call doing the same work (the slot map as ssm_state_indices, the accepted column
+    as the read slot): same outputs and pool bits. (docs/design.md 4.8)"""
     import gdnjit
 
     N, sdt = 6, torch.bfloat16
@@ -468,7 +481,7 @@ def test_vllm_spec_matches_the_native_verify_bitwise(T):
     cu = torch.arange(0, N * T + 1, T, dtype=torch.int32, device=DEV)
     pool_n = pd.clone()
     out_n = torch.empty(N, T, HV, V, dtype=torch.bfloat16, device=DEV)
-    with _staging("unstaged"):
+    with _staging(kind):
         o_c, _ = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd,
                                                              inplace_final_state=True, cu_seqlens=cu,
                                                              ssm_state_indices=idx, num_accepted_tokens=acc,
