@@ -431,6 +431,25 @@ def test_sglang_tree_token_equals_the_chain_of_its_path(T, kind):
         assert torch.equal(buf_tree[n, t], buf_path[m, len(p) - 1]), (n, t, p)
 
 
+def _both(kind, engine, native):
+    """The engine call and the native one, in the variant kind ``kind``; the engine call's result."""
+    with _staging(kind):
+        got = engine()
+        native()
+        torch.cuda.synchronize()
+    return got
+
+
+def _native_mtp(inputs, N, T, pool, read, out, **kw):
+    """gdnjit.gated_delta_rule_mtp on an engine call's flat inputs (q, k, v, a, b, A_log, dt_bias), N requests of T
+    tokens each: the native call doing the same work."""
+    import gdnjit
+
+    q, k, v, a, b, A_log, dtb = inputs
+    gdnjit.gated_delta_rule_mtp(q.view(N, T, H, K), k.view(N, T, H, K), v.view(N, T, HV, V), pool, read, A_log,
+                                a.view(N, T, HV), dtb, b.view(N, T, HV), output=out, **kw)
+
+
 @pytest.mark.parametrize("kind, sdt, tree, T", [("unstaged", torch.bfloat16, False, 4), ("unstaged", torch.bfloat16, False, 8),
                                                  ("staged16", torch.float32, True, 4), ("pipe", torch.bfloat16, False, 8),
                                                  ("pipe4", torch.float32, False, 6)])
@@ -439,8 +458,6 @@ def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree, T):
     another register budget (min blocks 18 for the 1-warp bf16 chain at T <= 4, a 96-register cap at T > 4, 32 warps
     per SM for a staged fp32 tree) or carry its indices through the pipelined kernel: same source for the tokens, same
     bits. A tree whose parents are each the previous token is the chain. (docs/design.md 4.8)"""
-    import gdnjit
-
     N = 6
     q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, sdt, 77)
     qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
@@ -451,15 +468,12 @@ def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree, T):
     buf_c = torch.full((N, T, HV, V, K), float("nan"), dtype=sdt, device=DEV)
     buf_n = buf_c.clone()
     out_n = torch.empty(N, T, HV, V, dtype=torch.bfloat16, device=DEV)
-    with _staging(kind):
-        o_c = sglang.fused_sigmoid_gating_delta_rule_update(
-            Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-            disable_state_update=True, intermediate_states_buffer=buf_c, intermediate_state_indices=rows,
-            retrieve_parent_token=parents)
-        gdnjit.gated_delta_rule_mtp(
-            qd.view(N, T, H, K), kd.view(N, T, H, K), vd.view(N, T, HV, V), pd, slots, Ad, ad.view(N, T, HV), dd,
-            bd.view(N, T, HV), output=out_n, intermediate_states_buffer=buf_n, disable_state_update=True)
-        torch.cuda.synchronize()
+    o_c = _both(kind, lambda: sglang.fused_sigmoid_gating_delta_rule_update(
+        Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+        disable_state_update=True, intermediate_states_buffer=buf_c, intermediate_state_indices=rows,
+        retrieve_parent_token=parents),
+        lambda: _native_mtp((qd, kd, vd, ad, bd, Ad, dd), N, T, pd, slots, out_n, intermediate_states_buffer=buf_n,
+                            disable_state_update=True))
     assert torch.equal(o_c.reshape(out_n.shape), out_n)
     assert torch.equal(buf_c, buf_n)
 
@@ -469,8 +483,6 @@ def test_vllm_spec_matches_the_native_verify_bitwise(kind, T):
     """vLLM's spec verify (bf16 state; the 1-warp variant of B >= 32, capped at 96 registers; the pipelined kernel)
     against the native multi-token call doing the same work (the slot map as ssm_state_indices, the accepted column
     as the read slot): same outputs and pool bits. (docs/design.md 4.8)"""
-    import gdnjit
-
     N, sdt = 6, torch.bfloat16
     rng = random.Random(T)
     q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, sdt, 78)
@@ -481,15 +493,11 @@ def test_vllm_spec_matches_the_native_verify_bitwise(kind, T):
     cu = torch.arange(0, N * T + 1, T, dtype=torch.int32, device=DEV)
     pool_n = pd.clone()
     out_n = torch.empty(N, T, HV, V, dtype=torch.bfloat16, device=DEV)
-    with _staging(kind):
-        o_c, _ = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd,
-                                                             inplace_final_state=True, cu_seqlens=cu,
-                                                             ssm_state_indices=idx, num_accepted_tokens=acc,
-                                                             use_qk_l2norm_in_kernel=True)
-        gdnjit.gated_delta_rule_mtp(
-            qd.view(N, T, H, K), kd.view(N, T, H, K), vd.view(N, T, HV, V), pool_n, read, Ad, ad.view(N, T, HV), dd,
-            bd.view(N, T, HV), output=out_n, ssm_state_indices=idx, disable_state_update=False)
-        torch.cuda.synchronize()
+    o_c, _ = _both(kind, lambda: vllm.fused_sigmoid_gating_delta_rule_update(
+        Ad, ad, bd, dd, qd, kd, vd, initial_state=pd, inplace_final_state=True, cu_seqlens=cu, ssm_state_indices=idx,
+        num_accepted_tokens=acc, use_qk_l2norm_in_kernel=True),
+        lambda: _native_mtp((qd, kd, vd, ad, bd, Ad, dd), N, T, pool_n, read, out_n, ssm_state_indices=idx,
+                            disable_state_update=False))
     assert torch.equal(o_c.reshape(out_n.shape), out_n)
     assert torch.equal(pd, pool_n)
 
