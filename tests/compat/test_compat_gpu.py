@@ -283,16 +283,19 @@ def _random_tree(T, rng):
     return parent
 
 
-@pytest.mark.parametrize("stage", [None, True, False, "unstaged", "pipe", "pipe4"])
+@pytest.mark.parametrize("stage, update", [(None, False), (True, False), (False, False), ("unstaged", False),
+                                           ("pipe", False), ("pipe4", False), (None, True), (True, True),
+                                           ("unstaged", True)])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("N,T", [(1, 2), (5, 4), (24, 8), (64, 6), ("batched", 5)])
-def test_sglang_verify(N, T, tree, sdt, stage):
+def test_sglang_verify(N, T, tree, sdt, stage, update):
     """SGLang's target verify: draft length T as varlen (one request shorter), disable_state_update, the per-step
     buffer with intermediate_state_indices (a -1 row: not cached), padding requests (slot -1: zero state, outputs
     written), random EAGLE trees; the pool keeps its bits. Staged tokens forced on and off besides the dispatcher's
     choice, the 1-warp variant of B >= 32 (with bf16 state asked for 18 CTAs per SM) and the pipelined kernel (chains
-    only). "batched": q as [N, T, H, K] without cu_seqlens (every request T tokens)."""
+    only). "batched": q as [N, T, H, K] without cu_seqlens (every request T tokens). update: the same call with the
+    state updated (the state after a request's last token written to its slot; padding rows write nothing)."""
     if tree and stage in ("pipe", "pipe4"):
         pytest.skip("a tree runs in the CTA kernel (gdn.yaml: the pipelined kernel takes no parents)")
     batched = N == "batched"
@@ -320,6 +323,7 @@ def test_sglang_verify(N, T, tree, sdt, stage):
     buf = torch.full((N + 2, T, HV, V, K), float("nan"), dtype=sdt)
     exp_out = torch.zeros(1, total, HV, V, dtype=F64)
     exp_buf = buf.double().clone()
+    exp_pool = {}  # update: slot -> the state after its request's last token
     for n in range(N):
         S_ = pool[int(slots[n])].double() if slots[n] >= 0 else torch.zeros(HV, V, K, dtype=F64)
         r = int(rows[n])
@@ -331,18 +335,23 @@ def test_sglang_verify(N, T, tree, sdt, stage):
             exp_out[0, tok] = o_
             if r >= 0:
                 exp_buf[r, t] = S_.to(sdt).double()  # stored in the buffer's dtype (a tree reloads the rounded value)
+        if update and slots[n] >= 0:
+            exp_pool[int(slots[n])] = S_
     qd, kd, vd, ad, bd, Ad, dd, pd, bufd = _cuda(q, k, v, a, b, A_log, dtb, pool, buf)
     if batched:
         qd, kd, vd = (x.view(N, T, *x.shape[2:]) for x in (qd, kd, vd))
     with _staging(stage):
         o = sglang.fused_sigmoid_gating_delta_rule_update(
             Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots.to(DEV), use_qk_l2norm_in_kernel=True,
-            cu_seqlens=None if batched else torch.tensor(cu, dtype=torch.int32, device=DEV), disable_state_update=True,
-            intermediate_states_buffer=bufd, intermediate_state_indices=rows.to(DEV), cache_steps=None if batched else T,
-            retrieve_parent_token=None if parents is None else parents.to(DEV))
+            cu_seqlens=None if batched else torch.tensor(cu, dtype=torch.int32, device=DEV),
+            disable_state_update=not update, intermediate_states_buffer=bufd, intermediate_state_indices=rows.to(DEV),
+            cache_steps=None if batched else T, retrieve_parent_token=None if parents is None else parents.to(DEV))
         torch.cuda.synchronize()
     otol, stol = _tol(sdt)
-    assert torch.equal(pd.cpu(), pool)
+    untouched = [s for s in range(pool.shape[0]) if s not in exp_pool]
+    assert torch.equal(pd.cpu()[untouched], pool[untouched])
+    if exp_pool:
+        assert _rel(pd.cpu()[list(exp_pool)], torch.stack(list(exp_pool.values()))) < stol
     assert _rel(o.cpu().reshape(exp_out.shape), exp_out) < otol
     used = sorted(int(r) for r in rows if r >= 0)
     unused = [r for r in range(N + 2) if r not in used]
