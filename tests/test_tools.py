@@ -46,3 +46,24 @@ def test_flashinfer_harness_summary_adds_up_files(tmp_path, capsys):
     assert lines["total"] == ["2", "1", "0", "1"]
     assert "ValueError: bad #" not in out and "ValueError: bad 12" in out
     assert summarize.main([str(tmp_path / "missing.xml")]) == 1
+
+
+def test_bench_spec_floors_split_replayssm(capsys):
+    """bench_spec's ReplaySSM verify and commit, timed apart, move exactly the pair's bytes between them (one state
+    pass + the tokens' I/O + the cached tokens written; two passes + the accepted ones read back); the dry run builds
+    the inputs every mode takes, the commit's caches defined (zeros: it may run without a verify before it)."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_spec", ROOT / "tools" / "bench_spec.py")
+    bs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bs)
+    for B, T, HV, es in ((1, 2, 32, 4), (64, 4, 64, 4), (128, 8, 64, 2)):
+        pair = bs.floor_bytes("rs_verify", B, T, HV, es) + bs.floor_bytes("rs_commit", B, T, HV, es)
+        assert pair == bs.floor_bytes("replayssm", B, T, HV, es)
+        state = B * HV * bs.V * bs.K * es
+        assert state < bs.floor_bytes("rs_verify", B, T, HV, es) < 2 * state
+        assert 2 * state < bs.floor_bytes("rs_commit", B, T, HV, es) < bs.floor_bytes("fused", B, T, HV, es)
+    s = bs.make_set(2, 3, 32, torch.float32, ["rs_commit"], torch.device("cpu"), seed=1)
+    assert all(not s[n].any() for n in ("rawk", "rawv", "g_cache", "beta_cache"))
