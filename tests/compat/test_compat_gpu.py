@@ -163,6 +163,51 @@ def test_vllm_spec_varlen_accepted(N, S, sdt, stage):
         assert _rel(pd.cpu()[w], exp_pool[w]) < stol
 
 
+@pytest.mark.parametrize("stage", [None, "unstaged", "pipe"])
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+def test_vllm_spec_batched_accepted(sdt, stage):
+    """vLLM's spec call without cu_seqlens: q as [N, S, H, K] (every request S tokens), the 2-D slot map and accepted
+    counts as with varlen (a null-block request, a dropped write); the dispatcher's variant, the 1-warp one and the
+    pipelined kernel."""
+    N, S = 6, 5
+    rng = random.Random(17)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N * S, sdt, 23)
+    idx = torch.tensor(rng.sample(range(1, 64), N * S), dtype=torch.int32).view(N, S)
+    idx[2] = 0  # a padded request (null block)
+    idx[4, 1] = 0  # a dropped write
+    acc = torch.tensor([rng.randint(1, S) for _ in range(N)], dtype=torch.int32)
+    exp_out = torch.zeros(N, S, HV, V, dtype=F64)
+    exp_pool = pool.double().clone()
+    written = set()
+    for n in range(N):
+        slot = int(idx[n, acc[n] - 1])
+        if slot <= 0:
+            continue
+        S_ = pool[slot]
+        for t in range(S):
+            tok = n * S + t
+            o, S_ = _token(q[0, tok], k[0, tok], v[0, tok], a[tok], b[tok], A_log, dtb, S_)
+            exp_out[n, t] = o
+            if idx[n, t] > 0:
+                exp_pool[int(idx[n, t])] = S_
+                written.add(int(idx[n, t]))
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    with _staging(stage):
+        o, st = vllm.fused_sigmoid_gating_delta_rule_update(
+            Ad, ad.view(N, S, HV), bd.view(N, S, HV), dd, qd.view(N, S, H, K), kd.view(N, S, H, K),
+            vd.view(N, S, HV, V), initial_state=pd, inplace_final_state=True, ssm_state_indices=idx.to(DEV),
+            num_accepted_tokens=acc.to(DEV), use_qk_l2norm_in_kernel=True)
+        torch.cuda.synchronize()
+    assert st is pd
+    otol, stol = _tol(sdt)
+    live = [n for n in range(N) if idx[n, acc[n] - 1] > 0]
+    assert _rel(o.cpu()[live], exp_out[live]) < otol
+    untouched = [s for s in range(pool.shape[0]) if s not in written]
+    assert torch.equal(pd.cpu()[untouched], pool[untouched])
+    w = sorted(written)
+    assert _rel(pd.cpu()[w], exp_pool[w]) < stol
+
+
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 def test_vllm_decode_1d_strided_indices_null_block(sdt):
     """vLLM's non-spec decode: varlen of 1-token requests (padded tail of length 0), 1-D indices that are a column
