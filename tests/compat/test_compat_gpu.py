@@ -69,13 +69,12 @@ _KINDS = {  # the recurrent variants the H200 dispatcher picks for SGLang's veri
     "unstaged": {"lanes_per_row": 16, "ilp": 4, "tile_v": 8, "stage": False, "form": "recurrent", "pipe": 1,
                  "k_warps": 1, "l2_prefetch": False},
     # the pipelined kernel (the native verify's at mid batch, T 5..8: two or four items per CTA, the next one's state
-    # and tokens in flight); not for trees
+    # and tokens in flight)
     "pipe": {"lanes_per_row": 8, "ilp": 2, "tile_v": 64, "stage": True, "form": "recurrent", "pipe": 2, "k_warps": 1,
              "l2_prefetch": False},
     "pipe4": {"lanes_per_row": 8, "ilp": 4, "tile_v": 64, "stage": True, "form": "recurrent", "pipe": 4, "k_warps": 1,
               "l2_prefetch": False},
 }
-_CTA_KINDS = ["staged", "staged16", "unstaged"]  # the kinds a tree runs in
 
 
 def _staging(stage):
@@ -330,7 +329,7 @@ def _random_tree(T, rng):
 
 @pytest.mark.parametrize("stage, update", [(None, False), (True, False), (False, False), ("unstaged", False),
                                            ("pipe", False), ("pipe4", False), (None, True), (True, True),
-                                           ("unstaged", True)])
+                                           ("unstaged", True), ("pipe", True)])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("tree", [False, True])
 @pytest.mark.parametrize("N,T", [(1, 2), (5, 4), (24, 8), (64, 6), ("batched", 5)])
@@ -341,8 +340,6 @@ def test_sglang_verify(N, T, tree, sdt, stage, update):
     choice, the 1-warp variant of B >= 32 (with bf16 state asked for 18 CTAs per SM) and the pipelined kernel (chains
     only). "batched": q as [N, T, H, K] without cu_seqlens (every request T tokens). update: the same call with the
     state updated (the state after a request's last token written to its slot; padding rows write nothing)."""
-    if tree and stage in ("pipe", "pipe4"):
-        pytest.skip("a tree runs in the CTA kernel (gdn.yaml: the pipelined kernel takes no parents)")
     batched = N == "batched"
     N = 9 if batched else N
     rng = random.Random(N * 10 + T + 1000 * tree)
@@ -436,7 +433,7 @@ def test_sglang_decode_update(sdt):
     assert _rel(pd.cpu(), exp_pool) < stol
 
 
-@pytest.mark.parametrize("kind", _CTA_KINDS)
+@pytest.mark.parametrize("kind", list(_KINDS))
 @pytest.mark.parametrize("T", [3, 4, 5, 8])
 def test_sglang_tree_token_equals_the_chain_of_its_path(T, kind):
     """Bitwise, fp32 state (the buffer holds the running state exactly): every token of a tree verify gives the output
