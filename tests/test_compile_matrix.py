@@ -262,7 +262,8 @@ def test_tc_form_variants_compile_clean():
 def test_engine_verify_variants_compile_clean():
     """SGLang's verify, chain and tree (its bf16 chain at T <= 4 in 1-warp CTAs asks for 18 CTAs per SM, a staged tree
     (fp32) for 32 warps per SM: docs/perf.md v21; at T > 4 that chain, and vLLM's bf16 spec verify in 1-warp CTAs, are
-    capped at 96 registers: v22) and vLLM's spec verify: the dispatchers' kinds for them (the H200's at B = 1 and
+    capped at 96 registers: v22), vLLM's spec verify and FlashInfer's bf16 verifies (its per-token scatter capped at T 2..8: v23): the
+    dispatchers' kinds for them (the H200's at B = 1 and
     B >= 32, another staged one, the pipelined kernel with 2 and 4 items per CTA for chains) at T 2..8, both state
     dtypes, compile with no spills, no stack frame and no warnings, within the registers their min blocks or cap
     allow."""
@@ -286,6 +287,10 @@ def test_engine_verify_variants_compile_clean():
             p = dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16", pool=True, update=True,
                      varlen=True, bounded=True, accepted=True, ssm_idx_dtype="int32", null_slot="nonpositive")
             todo.append(_variant(p, t))
+        if not tree and kind == "unstaged":  # FlashInfer's verify: a dense buffer, or every token's state scattered
+            for extra in ({"inter_dtype": sd, "update": False}, {"ssm_idx_dtype": "int32", "update": True}):
+                todo.append(_variant(dict(base, layout="klast", K=128, V=128, T=T, state_dtype=sd, in_dtype="bf16",
+                                          pool=True, **extra), t))
 
     def one(v):
         m = v.build().meta
@@ -300,5 +305,9 @@ def test_engine_verify_variants_compile_clean():
     assert not bad, bad[:3]
     assert any(dict(v.values)["min_blocks"] == 18 for v in todo)  # the bf16 chain's 1-warp variant
     assert any(dict(v.values)["min_blocks"] == 4 and dict(v.params)["tree"] for v in todo)  # the B = 1 fp32 tree's
-    capped = {(dict(v.params)["accepted"], dict(v.params)["T"]) for v in todo if dict(v.values)["max_registers"] == 96}
+    capped = {(dict(v.params)["accepted"], dict(v.params)["T"]) for v in todo
+              if dict(v.values)["max_registers"] == 96 and dict(v.values)["engine"]}
     assert (True, 8) in capped and (False, 8) in capped and (False, 4) not in capped  # vLLM's, SGLang's at T > 4
+    native = {dict(v.params)["T"] for v in todo if dict(v.values)["max_registers"] == 96 and not dict(v.values)["engine"]
+              and dict(v.params)["ssm_idx_dtype"] == "int32"}
+    assert native == set(range(2, 9))  # FlashInfer's bf16 per-token scatter, T 2..8 (not its dense buffer: spills)

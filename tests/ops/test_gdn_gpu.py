@@ -279,3 +279,22 @@ def test_k_warps_forced(case, kind):
         pytest.skip(f"{kind}: no valid tunables for these params")
     with forcing(KW_OVERRIDES[kind]):
         check(case, run_case(case, seed=random.Random(f"{kind}{case}").randrange(1 << 30)))
+
+
+# ---- the bf16 verifies in 1-warp CTAs (the per-token scatter capped at 96 registers: gdn.yaml max_registers, v23) ----
+VERIFY_1WARP = {"form": "recurrent", "pipe": 1, "lanes_per_row": 16, "ilp": 4, "tile_v": 8, "stage": False,
+                "k_warps": 1}  # the verify rule's kind at B >= 32 (HV 64)
+VERIFY_1WARP_CASES = [Case(B=(5, 37)[T % 2], T=T, H=2, ratio=(1, 2, 4, 3)[T % 4], state_dtype="bf16", pool="gaps",
+                     inter_dtype=inter, cache_extra=2 * (T == 5), ssm=ssm, update=ssm is not None, out_dtype="bf16")
+                for T in range(2, 9) for inter, ssm in (("bf16", None), (None, "int32"))]
+
+
+@pytest.mark.parametrize("case", VERIFY_1WARP_CASES, ids=lambda c: f"T{c.T}-{'buffer' if c.inter_dtype else 'scatter'}")
+def test_bf16_verify_1warp(case):
+    """FlashInfer's verify (an intermediate buffer, or every token's state scattered through ssm_state_indices, whose
+    registers gdn.yaml caps at 96) with a bf16 state in the 1-warp kind its rule picks at B >= 32: T 2..8."""
+    from gdnjit.spec import get_spec
+
+    assert forced_tunables(get_spec("gdn"), case_params(case), {}, VERIFY_1WARP) is not None
+    with forcing(VERIFY_1WARP):
+        check(case, run_case(case, seed=random.Random(f"capped{case}").randrange(1 << 30)))
