@@ -16,7 +16,7 @@ Kernels are rendered from YAML specs + Jinja templates, compiled with NVRTC on f
 cached on disk (``GDNJIT_CACHE_DIR``); precompile with ``gdnjit warm --shapes qwen35.yaml``.
 """
 
-from .errors import CacheMissError, CompileError, CudaError, LockTimeoutError, SpecError
+from .errors import CacheMissError, CompileError, CudaError, DtypeError, LockTimeoutError, SpecError
 from .version import __version__
 
 # The ops import torch; load them on first use so the CLI (warm, cache) starts fast.
@@ -65,6 +65,7 @@ __all__ = [
     "CacheMissError",
     "CompileError",
     "CudaError",
+    "DtypeError",
     "LockTimeoutError",
     "SpecError",
     "__version__",

@@ -12,6 +12,11 @@ class SpecError(ValueError):
         super().__init__(f"{where}: {key}: {reason}")
 
 
+class DtypeError(TypeError, ValueError):
+    """A tensor argument has the wrong dtype. A TypeError, and a ValueError too: FlashInfer reports the same mistakes
+    with assertion or value errors, and callers written against it catch ValueError."""
+
+
 class CompileError(RuntimeError):
     """NVRTC rejected a rendered source. Carries the log, options, variant and numbered source."""
 

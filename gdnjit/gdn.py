@@ -24,6 +24,7 @@ import torch
 from . import guard as _guard
 from . import validate as _v
 from .config import get_config
+from .errors import DtypeError
 from .runner import RUNNER, KernelCall, launch_on, remember, supports_pdl
 from .spec import get_spec
 
@@ -44,7 +45,7 @@ def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, l
     _v.tensor(name, idx, 1)  # required here (index_tensor takes None as "absent")
     _v.index_tensor(name, idx, B, device)
     if like is not None and idx.dtype != like.dtype:
-        raise TypeError(f"{name}: expected the same dtype as initial_state_indices ({like.dtype}), got {idx.dtype}")
+        raise DtypeError(f"{name}: expected the same dtype as initial_state_indices ({like.dtype}), got {idx.dtype}")
 
 
 _fast: dict = RUNNER.memo()  # call signature -> (BoundLaunch, output shape, device); see _run
@@ -203,12 +204,12 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         raise ValueError(f"q: number of heads H must be >= 1, got {H}")
     _v.tensor("k", k, 4)
     if k.dtype != q.dtype:
-        raise TypeError(f"k: expected the dtype of q ({q.dtype}), got {k.dtype}")
+        raise DtypeError(f"k: expected the dtype of q ({q.dtype}), got {k.dtype}")
     _v.same_device("k", k, device)
     _v.shape_is("k", k, q.shape, "q.shape")
     _v.tensor("v", v, 4)
     if v.dtype != q.dtype:
-        raise TypeError(f"v: expected the dtype of q ({q.dtype}), got {v.dtype}")
+        raise DtypeError(f"v: expected the dtype of q ({q.dtype}), got {v.dtype}")
     _v.same_device("v", v, device)
     if tuple(v.shape[:2]) != (B, T):
         raise ValueError(f"v: expected shape [B={B}, T={T}, HV, V], got {tuple(v.shape)}")
@@ -216,7 +217,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     for name, x in (("a", a), ("b", b)):
         _v.tensor(name, x, 3)
         if x.dtype != q.dtype:
-            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+            raise DtypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
         _v.same_device(name, x, device)
         _v.shape_is(name, x, (B, T, HV), "[B, T, HV]")
     _v.gate_params(A_log, dt_bias, HV, device)
@@ -530,6 +531,19 @@ def replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, 
     return tuple(x for _, x in named)
 
 
+def replay_aligned(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output_state_indices, output,
+                   caches) -> None:
+    """FlashInfer's ReplaySSM verify contract: every tensor's base address 16-byte aligned (ValueError naming it)."""
+    named = (("q", q), ("k", k), ("v", v), ("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias),
+             ("initial_state", initial_state), ("initial_state_indices", initial_state_indices),
+             ("output_state_indices", output_state_indices), ("output", output), ("replayssm_rawv", caches[0]),
+             ("replayssm_rawk", caches[1]), ("replayssm_g", caches[2]), ("replayssm_beta", caches[3]))
+    for name, x in named:
+        if isinstance(x, torch.Tensor) and x.data_ptr() % 16:
+            raise ValueError(f"{name}: cache_replayssm needs a 16-byte aligned base address (FlashInfer's contract), "
+                             f"got {hex(x.data_ptr())}")
+
+
 def gated_delta_rule_mtp(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -571,24 +585,35 @@ def gated_delta_rule_mtp(
         output_state_indices: ``[B]`` write slots (split pool); negative skips the writeback.
         cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta: FlashInfer 0.7.2's
             ReplaySSM cache: with ``cache_replayssm=True`` each token's raw k ``[pool, H, T, K]``, v ``[pool, HV, T,
-            V]`` (q's dtype), log decay g and beta ``[pool, HV, T]`` (fp32) are stored at the request's read slot,
-            for :func:`gdnjit.replay.gated_delta_rule_replayssm_commit` (dense pool slots; not with
-            ``output_state_indices``).
+            V]`` (bf16; fp16 inputs rounded to bf16, as FlashInfer), log decay g and beta ``[pool, HV, T]`` (fp32)
+            are stored at the request's read slot, for :func:`gdnjit.replay.gated_delta_rule_replayssm_commit`
+            (contiguous caches). FlashInfer's contract: ``disable_state_update`` true, no
+            ``intermediate_states_buffer`` or ``ssm_state_indices``, every tensor's base address 16-byte aligned
+            (ValueError otherwise); ``output_state_indices`` is checked and unused (nothing is written).
 
     Returns:
         ``(output [B, T, HV, V], initial_state)``.
     """
     caches = replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
     if caches is not None:
-        if output_state_indices is not None:
-            raise ValueError("output_state_indices: not with cache_replayssm (the caches are indexed by the read slot)")
         from .gdn_engine import engine_step
 
-        frozen = disable_flag(disable_state_update, frozen_if_none=True)
+        if not disable_flag(disable_state_update, frozen_if_none=True):
+            raise ValueError("disable_state_update: must be true with cache_replayssm (the verify leaves the checkpoint "
+                             "for the commit to advance)")
+        for name, x in (("intermediate_states_buffer", intermediate_states_buffer),
+                        ("ssm_state_indices", ssm_state_indices)):
+            if x is not None:
+                raise ValueError(f"{name}: not with cache_replayssm (the caches replace the per-token states)")
+        replay_aligned(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output_state_indices,
+                       output, caches)
+        if output_state_indices is not None and isinstance(initial_state_indices, torch.Tensor):
+            # accepted and checked as FlashInfer does; the frozen verify writes no slot
+            _check_indices("output_state_indices", output_state_indices, initial_state_indices.shape[0],
+                           initial_state_indices.device, like=initial_state_indices)
         T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
         out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices,
-                          ssm_idx=ssm_state_indices, inter=intermediate_states_buffer, update=not frozen,
-                          scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
+                          update=False, scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
                           zero_padding=output is None)
         return out, initial_state
     frozen, zero_padding = mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv, replayssm_rawk,

@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 
 from . import validate as _v
+from .errors import DtypeError
 from .gdn import MAX_T, SUPPORTED_DIMS, _POINTERS, _IN_DTYPES, _OUT_DTYPES, _STATE_DTYPES, uses_pdl
 from .runner import RUNNER, KernelCall, launch_on, remember
 from .spec import get_spec
@@ -69,7 +70,7 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     ssm_idx ``[N, T]``; inter ``[rows, steps, HV, V, K]`` (inner four dims dense); inter_idx ``[N]`` of
     read_idx's dtype; parent int32 ``[N, >= T]`` (unit column stride; needs ``inter``); cu_seqlens int32 ``[N + 1]``.
     ``replay_cache``: FlashInfer's ReplaySSM caches ``(rawv [slots, HV, T, V], rawk [slots, H, T, K], g [slots, HV,
-    T], beta [slots, HV, T])`` (v / k in q's dtype, g / beta fp32, contiguous; not with ``cu_seqlens``): each
+    T], beta [slots, HV, T])`` (v / k bf16, g / beta fp32, contiguous; not with ``cu_seqlens``): each
     token's raw k, v, log decay and beta are stored at the request's read slot. ``zero_padding``: padding rows
     get zero outputs (False: their rows of a given ``output`` are left as they were).
     """
@@ -106,14 +107,15 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     return output
 
 
-def _replay_caches(caches, slots: int, H: int, HV: int, T: int, K: int, V: int, in_dtype, device):
-    """FlashInfer's ReplaySSM verify caches for a pool of ``slots``: (rawv, rawk, g, beta), checked."""
+def _replay_caches(caches, slots: int, H: int, HV: int, T: int, K: int, V: int, device):
+    """FlashInfer's ReplaySSM verify caches for a pool of ``slots``: (rawv, rawk, g, beta), checked (raw k and v in
+    bf16 whatever q's dtype, as FlashInfer: fp16 inputs are rounded to bf16 there)."""
     if not isinstance(caches, (tuple, list)) or len(caches) != 4:
         raise TypeError("replay_cache: expected (replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)")
     return [_v.dense_buffer(name, x, shape, dtypes, device, "[slots, heads, T, dim]" if len(shape) == 4 else
                             "[slots, HV, T]", vector=len(shape) == 4)  # g / beta are read one by one
-            for name, x, shape, dtypes in (("replayssm_rawv", caches[0], (slots, HV, T, V), (in_dtype,)),
-                                           ("replayssm_rawk", caches[1], (slots, H, T, K), (in_dtype,)),
+            for name, x, shape, dtypes in (("replayssm_rawv", caches[0], (slots, HV, T, V), (torch.bfloat16,)),
+                                           ("replayssm_rawk", caches[1], (slots, H, T, K), (torch.bfloat16,)),
                                            ("replayssm_g", caches[2], (slots, HV, T), (torch.float32,)),
                                            ("replayssm_beta", caches[3], (slots, HV, T), (torch.float32,)))]
 
@@ -158,7 +160,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
     for name, x in (("k", k), ("v", v)):
         _v.tensor(name, x, 4)
         if x.dtype != q.dtype:
-            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+            raise DtypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
         _v.same_device(name, x, device)
     _v.shape_is("k", k, q.shape, "q.shape")
     if tuple(v.shape[:2]) != lead:
@@ -172,7 +174,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
         if given:
             _v.dtype_in(name, x, (torch.float32,))
         elif x.dtype != q.dtype:
-            raise TypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
+            raise DtypeError(f"{name}: expected the dtype of q ({q.dtype}), got {x.dtype}")
         _v.same_device(name, x, device)
         _v.shape_is(name, x, (*lead, HV), f"[{lead[0]}, {lead[1]}, HV]")
     if not given:
@@ -262,7 +264,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
             raise ValueError("intermediate_state_indices: needs intermediate_states_buffer")
         _v.tensor("intermediate_state_indices", inter_idx, 1)
         if inter_idx.dtype != read_idx.dtype:
-            raise TypeError(f"intermediate_state_indices: expected the dtype of the read indices ({read_idx.dtype}), "
+            raise DtypeError(f"intermediate_state_indices: expected the dtype of the read indices ({read_idx.dtype}), "
                             f"got {inter_idx.dtype}")
         _v.same_device("intermediate_state_indices", inter_idx, device)
         _v.shape_is("intermediate_state_indices", inter_idx, (N,), f"[N={N}]")
@@ -281,7 +283,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
 
     rawv = rawk = g_cache = beta_cache = None
     if replay_cache is not None:
-        rawv, rawk, g_cache, beta_cache = _replay_caches(replay_cache, state.shape[0], H, HV, T, K, V, q.dtype, device)
+        rawv, rawk, g_cache, beta_cache = _replay_caches(replay_cache, state.shape[0], H, HV, T, K, V, device)
         if varlen:
             raise ValueError("replayssm caches: not with cu_seqlens (the caches hold T tokens per slot)")
     zero_padding = _v.boolean("zero_padding", zero_padding)

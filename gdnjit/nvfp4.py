@@ -26,6 +26,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import validate as _v
+from .errors import DtypeError
 from .runner import RUNNER, KernelCall, device_info
 from .sf_layout import SfLayout, padded_sf_shape, to_sf_layout
 from .spec import get_spec
@@ -84,7 +85,7 @@ def _global_scale(a_global_sf, device: torch.device):
                 f"a_global_sf: expected a one-element tensor (or a Python float), got shape {tuple(a_global_sf.shape)}"
             )
         if not a_global_sf.dtype.is_floating_point:
-            raise TypeError(f"a_global_sf: expected a float dtype, got {str(a_global_sf.dtype).replace('torch.', '')}")
+            raise DtypeError(f"a_global_sf: expected a float dtype, got {str(a_global_sf.dtype).replace('torch.', '')}")
         if a_global_sf.device.type == "meta" and device.type != "meta":
             raise ValueError(f"a_global_sf: expected a tensor with a value (on {device}, like a), got a meta tensor")
         if a_global_sf.dtype != torch.float32 or a_global_sf.device != device:
@@ -163,7 +164,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
     """
     (_v.cuda_tensor if require_cuda else _v.tensor)("a", a)
     if a.dtype not in _IN_DTYPES:
-        raise TypeError(f"a: expected dtype float16, bfloat16 or float8_e4m3fn, got {str(a.dtype).replace('torch.', '')}")
+        raise DtypeError(f"a: expected dtype float16, bfloat16 or float8_e4m3fn, got {str(a.dtype).replace('torch.', '')}")
     if a.dim() < 2:
         raise ValueError(f"a: expected at least 2 dims [M, K], got shape {tuple(a.shape)}")
     K = a.shape[-1]

@@ -38,6 +38,7 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import validate as _v
+from .errors import DtypeError
 from .gdn import MAX_T, SUPPORTED_DIMS, _IN_DTYPES, _OUT_DTYPES, _POINTERS, _STATE_DTYPES, uses_pdl
 from .runner import RUNNER, KernelCall, launch_on, remember
 from .spec import get_spec
@@ -82,7 +83,7 @@ def spec_cache(slots: int, H: int, HV: int, T: int, K: int, V: int, *, dtype: to
     if not 1 <= T <= MAX_T:
         raise ValueError(f"T: expected 1..{MAX_T}, got {T}")
     if dtype not in _IN_DTYPES:
-        raise TypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
+        raise DtypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
     lead = (slots, 2) if layers is None else (layers, slots, 2)
     return SpecCache(torch.empty((*lead, H, T, K), dtype=dtype, device=device),
                      torch.empty((*lead, HV, T, V), dtype=dtype, device=device),
@@ -268,7 +269,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
     else:
         _v.tensor("q", q, 4)
         if q.dtype not in _IN_DTYPES:
-            raise TypeError(f"q: expected dtype bfloat16 or float16, got {str(q.dtype).replace('torch.', '')}")
+            raise DtypeError(f"q: expected dtype bfloat16 or float16, got {str(q.dtype).replace('torch.', '')}")
         _v.same_device("q", q, device)
         B_q, T, H, Kq = q.shape
         if B_q != B:

@@ -11,6 +11,8 @@ from typing import Any, Iterable
 
 import torch
 
+from .errors import DtypeError
+
 FLOAT_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 INDEX_NAMES = {torch.int32: "int32", torch.int64: "int64"}
 
@@ -41,7 +43,7 @@ def dtype_in(name: str, x: torch.Tensor, allowed: Iterable[torch.dtype]) -> None
     allowed = tuple(allowed)
     if x.dtype not in allowed:
         names = ", ".join(str(d).replace("torch.", "") for d in allowed)
-        raise TypeError(f"{name}: expected dtype {names}, got {str(x.dtype).replace('torch.', '')}")
+        raise DtypeError(f"{name}: expected dtype {names}, got {str(x.dtype).replace('torch.', '')}")
 
 
 def shape_is(name: str, x: torch.Tensor, expected: tuple, what: str) -> None:

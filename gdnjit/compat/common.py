@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from ..errors import DtypeError
 from ..gdn import MAX_T
 
 
@@ -31,7 +32,7 @@ def int32(name: str, x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if x.dtype == torch.int32:
         return x
     if x.dtype != torch.int64:
-        raise TypeError(f"{name}: expected dtype int32 or int64, got {str(x.dtype).replace('torch.', '')}")
+        raise DtypeError(f"{name}: expected dtype int32 or int64, got {str(x.dtype).replace('torch.', '')}")
     return x.to(torch.int32)
 
 

@@ -419,3 +419,33 @@ def test_pools_strided_inside_a_slot():
     assert call.params["slot_strided"] is True and call.args["s_row"] == 136
     with pytest.raises(ValueError, match=r"state: the last dim \(V\) must be contiguous"):
         prep(torch.randn(3, 4, 128, 256)[..., ::2], direct=True, layout="kmajor", q=tk)
+
+
+def test_replayssm_verify_contract():
+    """FlashInfer's contract for the caching verify, checked before anything runs: a frozen pool, no per-token state
+    buffer or scatter, every base address 16-byte aligned (ValueError naming the tensor). (Dtype errors are DtypeError,
+    which FlashInfer's callers catch as ValueError too: tests/ops/test_replay_gpu.py.)"""
+    t = make(T=4)
+    idx = torch.zeros(3, dtype=torch.int32)
+    caches = dict(replayssm_rawv=torch.zeros(3, 4, 4, 128, dtype=torch.bfloat16),
+                  replayssm_rawk=torch.zeros(3, 2, 4, 128, dtype=torch.bfloat16),
+                  replayssm_g=torch.zeros(3, 4, 4), replayssm_beta=torch.zeros(3, 4, 4))
+
+    def mtp(**kw):
+        args = dict(t, initial_state=t["state"], initial_state_indices=idx, disable_state_update=True)
+        del args["state"]
+        args.update(kw)
+        return gdnjit.gated_delta_rule_mtp(cache_replayssm=True, **{**caches, **args})
+
+    with pytest.raises(ValueError, match="disable_state_update: must be true with cache_replayssm"):
+        mtp(disable_state_update=False)
+    with pytest.raises(ValueError, match="intermediate_states_buffer: not with cache_replayssm"):
+        mtp(intermediate_states_buffer=torch.zeros(3, 4, 4, 128, 128))
+    with pytest.raises(ValueError, match="ssm_state_indices: not with cache_replayssm"):
+        mtp(ssm_state_indices=torch.zeros(3, 4, dtype=torch.int32))
+    for name in ("q", "A_log", "initial_state_indices", "replayssm_g"):
+        x = caches[name] if name in caches else idx if name == "initial_state_indices" else t[name]
+        shifted = torch.empty(x.numel() + 1, dtype=x.dtype)[1:].view_as(x)
+        with pytest.raises(ValueError, match=f"{name}: cache_replayssm needs a 16-byte aligned base address"):
+            mtp(**{name: shifted})
+    assert issubclass(gdnjit.DtypeError, TypeError) and issubclass(gdnjit.DtypeError, ValueError)

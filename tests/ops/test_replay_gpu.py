@@ -186,3 +186,34 @@ def test_captured_verify_and_commit_loop():
     ref_out = [step().clone() for _ in range(3)]
     torch.cuda.synchronize()
     assert all(torch.equal(x, y) for x, y in zip(got_out, ref_out)) and torch.equal(got_pool, pool)
+
+
+@pytest.mark.parametrize("T", [3, 8])
+def test_verify_fp16_inputs_cache_bf16_as_flashinfer(T):
+    """FlashInfer's caches are bf16 whatever q's dtype: fp16 raw k / v are rounded to bf16 when cached (bit for bit
+    torch's rounding), the outputs use the fp16 values; output_state_indices is accepted and writes nothing; padding
+    rows leave their rows of the given output; fp16 caches are refused with a DtypeError (a ValueError too)."""
+    N, H, HV, K, V = 6, 2, 8, 128, 128
+    q, k, v, A_log, a, dtb, b = (x.to(torch.float16) if x.dtype == bf else x for x in _inputs(N, T, H, HV, K, V, 5 + T))
+    slots = N + 2
+    pool = torch.randn(slots, HV, V, K, device=DEV) * 0.1
+    idx = torch.arange(N, dtype=torch.int32, device=DEV)
+    idx[2] = -1
+    rawv, rawk, gc, bc = _caches(slots, H, HV, T, K, V)
+    out = torch.full((N, T, HV, V), 3.0, device=DEV, dtype=torch.float16)
+    p0 = pool.clone()
+    got, state = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, output=out, disable_state_update=True,
+                                             output_state_indices=idx.clone(), cache_replayssm=True, replayssm_rawv=rawv,
+                                             replayssm_rawk=rawk, replayssm_g=gc, replayssm_beta=bc)
+    torch.cuda.synchronize()
+    assert got is out and state is pool and torch.equal(pool, p0)
+    ref = gdn_reference(q, k, v, A_log, a, dtb, b, p0, read_indices=idx, disable_state_update=True)
+    live = [n for n in range(N) if n != 2]
+    assert _rel(out[live].float(), ref.output[live]) < 2e-2
+    assert torch.equal(out[2], torch.full_like(out[2], 3.0))
+    for n in live:
+        assert torch.equal(rawk[n], k[n].transpose(0, 1).to(bf)) and torch.equal(rawv[n], v[n].transpose(0, 1).to(bf))
+    assert torch.isnan(rawv[2].float()).all() and torch.isnan(gc[2]).all()
+    with pytest.raises(ValueError, match="replayssm_rawv: expected dtype bfloat16, got float16"):
+        gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True, cache_replayssm=True,
+                                    replayssm_rawv=rawv.half(), replayssm_rawk=rawk, replayssm_g=gc, replayssm_beta=bc)
