@@ -449,11 +449,9 @@ def pretranspose_flags(q, initial_state, output, intermediate_states_buffer, dis
     return frozen, output is None or T == 1
 
 
-def mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g,
-              replayssm_beta) -> Tuple[bool, bool]:
-    """(frozen, zero_padding) of a ``gated_delta_rule_mtp`` call without the ReplaySSM cache (the torch op refuses
-    it), None = frozen (FlashInfer 0.7.2), a caller's padding rows kept."""
-    unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
+def mtp_flags(output, disable_state_update) -> Tuple[bool, bool]:
+    """(frozen, zero_padding) of a ``gated_delta_rule_mtp`` call without the ReplaySSM cache: None = frozen
+    (FlashInfer 0.7.2), a caller's padding rows kept."""
     return disable_flag(disable_state_update, frozen_if_none=True), output is None
 
 
@@ -501,18 +499,6 @@ def gated_delta_rule_decode(
     return out, state
 
 
-def unsupported_replay(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta) -> None:
-    """NotImplementedError for FlashInfer 0.7.2's ReplaySSM caching arguments of the gated_delta_rule_mtp torch op."""
-    if cache_replayssm is not None and not isinstance(cache_replayssm, (bool, int)):
-        raise TypeError(f"cache_replayssm: expected a bool, got {type(cache_replayssm).__name__}")
-    given = [n for n, x in (("replayssm_rawv", replayssm_rawv), ("replayssm_rawk", replayssm_rawk),
-                            ("replayssm_g", replayssm_g), ("replayssm_beta", replayssm_beta)) if x is not None]
-    if cache_replayssm or given:
-        raise NotImplementedError("cache_replayssm / replayssm_*: the ReplaySSM verify cache is not provided through the "
-                                  f"torch op (got cache_replayssm={cache_replayssm!r}, {given or 'no buffers'}); call "
-                                  "gdnjit.gated_delta_rule_mtp")
-
-
 def replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta):
     """FlashInfer 0.7.2's ReplaySSM arguments of ``gated_delta_rule_mtp`` -> the four caches (rawv, rawk, g, beta),
     or None when caching is off (one-line errors for a non-bool flag, a missing cache, caches without the flag)."""
@@ -531,17 +517,31 @@ def replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, 
     return tuple(x for _, x in named)
 
 
-def replay_aligned(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output_state_indices, output,
-                   caches) -> None:
-    """FlashInfer's ReplaySSM verify contract: every tensor's base address 16-byte aligned (ValueError naming it)."""
+def replay_verify_checks(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output,
+                         intermediate_states_buffer, ssm_state_indices, disable_state_update, output_state_indices,
+                         caches) -> int:
+    """FlashInfer's contract for the caching verify (``cache_replayssm=True``), checked before anything runs: the pool
+    frozen, no per-token state buffer or scatter, every tensor's base address 16-byte aligned, ``output_state_indices``
+    checked (and unused: the verify writes no slot). Returns T (the engine step checks everything else)."""
+    if not disable_flag(disable_state_update, frozen_if_none=True):
+        raise ValueError("disable_state_update: must be true with cache_replayssm (the verify leaves the checkpoint "
+                         "for the commit to advance)")
+    for name, x in (("intermediate_states_buffer", intermediate_states_buffer), ("ssm_state_indices", ssm_state_indices)):
+        if x is not None:
+            raise ValueError(f"{name}: not with cache_replayssm (the caches replace the per-token states)")
     named = (("q", q), ("k", k), ("v", v), ("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias),
              ("initial_state", initial_state), ("initial_state_indices", initial_state_indices),
              ("output_state_indices", output_state_indices), ("output", output), ("replayssm_rawv", caches[0]),
              ("replayssm_rawk", caches[1]), ("replayssm_g", caches[2]), ("replayssm_beta", caches[3]))
-    for name, x in named:
+    # (a traced call has no addresses: there the engine step's own checks of q, k, the state and the caches remain)
+    for name, x in () if torch.compiler.is_compiling() else named:
         if isinstance(x, torch.Tensor) and x.data_ptr() % 16:
             raise ValueError(f"{name}: cache_replayssm needs a 16-byte aligned base address (FlashInfer's contract), "
                              f"got {hex(x.data_ptr())}")
+    if output_state_indices is not None and isinstance(initial_state_indices, torch.Tensor):
+        _check_indices("output_state_indices", output_state_indices, initial_state_indices.shape[0],
+                       initial_state_indices.device, like=initial_state_indices)
+    return q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
 
 
 def gated_delta_rule_mtp(
@@ -598,26 +598,14 @@ def gated_delta_rule_mtp(
     if caches is not None:
         from .gdn_engine import engine_step
 
-        if not disable_flag(disable_state_update, frozen_if_none=True):
-            raise ValueError("disable_state_update: must be true with cache_replayssm (the verify leaves the checkpoint "
-                             "for the commit to advance)")
-        for name, x in (("intermediate_states_buffer", intermediate_states_buffer),
-                        ("ssm_state_indices", ssm_state_indices)):
-            if x is not None:
-                raise ValueError(f"{name}: not with cache_replayssm (the caches replace the per-token states)")
-        replay_aligned(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output_state_indices,
-                       output, caches)
-        if output_state_indices is not None and isinstance(initial_state_indices, torch.Tensor):
-            # accepted and checked as FlashInfer does; the frozen verify writes no slot
-            _check_indices("output_state_indices", output_state_indices, initial_state_indices.shape[0],
-                           initial_state_indices.device, like=initial_state_indices)
-        T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+        T = replay_verify_checks(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output,
+                                 intermediate_states_buffer, ssm_state_indices, disable_state_update,
+                                 output_state_indices, caches)
         out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices,
                           update=False, scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
                           zero_padding=output is None)
         return out, initial_state
-    frozen, zero_padding = mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv, replayssm_rawk,
-                                     replayssm_g, replayssm_beta)
+    frozen, zero_padding = mtp_flags(output, disable_state_update)
     out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
                scale, output, intermediate_states_buffer, ssm_state_indices, not frozen, use_qk_l2norm,
                direct=False, zero_padding=zero_padding)

@@ -64,11 +64,7 @@ def gated_delta_rule_replayssm_commit(
     Values a kernel cannot check without a device read (a slot past the pool, an accept length outside 0..T) stop it
     with a trap. Graph capturable; one launch for all layers and requests.
     """
-    if not isinstance(backend, str) or backend not in _BACKENDS:
-        raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
-    if backend == "tcgen05":
-        raise NotImplementedError("backend='tcgen05': FlashInfer's Blackwell tensor-core commit is not provided by "
-                                  "gdnjit; use 'auto' or 'simt'")
+    check_backend(backend)
     config = RUNNER.sync()
     tensors = (checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
                track_state_indices, track_steps)
@@ -93,6 +89,15 @@ def gated_delta_rule_replayssm_commit(
         if x is not None:
             ptrs[_POINTERS.index(name)] = x.data_ptr()
     launch_on(dev, bound, tuple(ptrs))
+
+
+def check_backend(backend) -> None:
+    """FlashInfer's commit backends: "auto" / "simt" run gdnjit's kernel; "tcgen05" NotImplementedError; else ValueError."""
+    if not isinstance(backend, str) or backend not in _BACKENDS:
+        raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
+    if backend == "tcgen05":
+        raise NotImplementedError("backend='tcgen05': FlashInfer's Blackwell tensor-core commit is not provided by "
+                                  "gdnjit; use 'auto' or 'simt'")
 
 
 def _cache(name: str, x, shape: tuple, dtypes, device) -> None:

@@ -83,8 +83,10 @@ from . import conv as _conv
 from . import gdn as _gdn
 from . import gdn_engine as _engine
 from . import nvfp4 as _nvfp4
+from . import replay as _replay
 from . import spec_step as _spec
 from .reference.engine import engine_reference
+from .reference.replay import replay_commit_reference
 from .reference.spec_step import spec_step_reference
 from .sf_layout import SfLayout, to_sf_layout
 
@@ -97,6 +99,7 @@ __all__ = [
     "causal_conv1d_update",
     "engine_step",
     "spec_step",
+    "gated_delta_rule_replayssm_commit",
     "OP_NAMES",
 ]
 
@@ -110,6 +113,7 @@ OP_NAMES = (
     "causal_conv1d_update",
     "engine_step",
     "spec_step",
+    "gated_delta_rule_replayssm_commit",
 )
 
 # Schemas, in OP_NAMES order (spelled out so the documented form is exactly what is registered).
@@ -139,6 +143,9 @@ SCHEMAS = (
     "Tensor state_indices, Tensor num_accepted, Tensor(b!) cache_k, Tensor(c!) cache_v, Tensor(d!) cache_g, "
     "Tensor(e!) cache_beta, Tensor(f!) cache_ctl, float? scale, bool use_qk_l2norm, float softplus_beta, "
     "float softplus_threshold, int null_block_id, Tensor(g!) output) -> ()",
+    "(Tensor(a!) checkpoint_state, Tensor rawv_cache, Tensor rawk_cache, Tensor g_cache, Tensor beta_cache, "
+    "Tensor state_indices, Tensor accept_lens, Tensor? track_state_indices, Tensor? track_steps, bool use_qk_l2norm, "
+    "int null_block_id, str backend) -> ()",
 )
 
 # ---- CPU implementations (torch reference, float32) -------------------------------------------
@@ -295,9 +302,19 @@ def gated_delta_rule_mtp(
     replayssm_rawv: Optional[torch.Tensor] = None, replayssm_rawk: Optional[torch.Tensor] = None,
     replayssm_g: Optional[torch.Tensor] = None, replayssm_beta: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gdnjit.gated_delta_rule_mtp` through ``torch.ops.gdnjit``; returns ``(output, initial_state)``."""
-    frozen, zero_padding = _gdn.mtp_flags(output, disable_state_update, cache_replayssm, replayssm_rawv,
-                                          replayssm_rawk, replayssm_g, replayssm_beta)
+    """:func:`gdnjit.gated_delta_rule_mtp` through ``torch.ops.gdnjit``; returns ``(output, initial_state)``. With
+    ``cache_replayssm=True`` (FlashInfer's ReplaySSM verify) the call runs as ``torch.ops.gdnjit.engine_step``, which
+    writes the four caches."""
+    caches = _gdn.replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
+    if caches is not None:
+        T = _gdn.replay_verify_checks(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output,
+                                      intermediate_states_buffer, ssm_state_indices, disable_state_update,
+                                      output_state_indices, caches)
+        out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices,
+                          update=False, scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
+                          zero_padding=output is None)
+        return out, initial_state
+    frozen, zero_padding = _gdn.mtp_flags(output, disable_state_update)
     out = _output(q, v, output)
     torch.ops.gdnjit.gated_delta_rule_mtp(
         q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, out,
@@ -459,8 +476,7 @@ def _engine_op(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, nu
     if zero_padding:
         output.copy_(ref.output)
     else:  # a skipped request's output rows keep their values
-        output.copy_(torch.where(ref.skipped.view(-1, *[1] * (output.dim() - 1)).to(output.device), output,
-                                 ref.output.to(output.dtype)))
+        output.copy_(torch.where(ref.skipped[..., None, None].to(output.device), output, ref.output.to(output.dtype)))
     state.copy_(ref.state)
     if inter is not None:
         inter.copy_(ref.intermediate)
@@ -533,3 +549,39 @@ def spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted,
     torch.ops.gdnjit.spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, *cache, scale,
                                use_qk_l2norm, float(softplus_beta), float(softplus_threshold), null_block_id, output)
     return output
+
+
+# ---- FlashInfer's ReplaySSM commit (gdnjit.replay) --------------------------------------------------
+
+
+@torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_replayssm_commit", mutates_args=("checkpoint_state",),
+                         schema=SCHEMAS[8])
+def _commit_op(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
+               track_state_indices, track_steps, use_qk_l2norm, null_block_id, backend) -> None:
+    kw = dict(track_state_indices=track_state_indices, track_steps=track_steps, use_qk_l2norm=use_qk_l2norm,
+              null_block_id=null_block_id)
+    if checkpoint_state.device.type != "cpu":
+        _replay.gated_delta_rule_replayssm_commit(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache,
+                                                  state_indices, accept_lens, backend=backend, **kw)
+        return
+    _replay.check_backend(backend)
+    _replay._prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
+                     track_state_indices, track_steps, use_qk_l2norm, null_block_id, require_cuda=False)
+    checkpoint_state.copy_(replay_commit_reference(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache,
+                                                   state_indices, accept_lens, dtype=torch.float32, **kw))
+
+
+@_commit_op.register_fake
+def _(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens, track_state_indices,
+      track_steps, use_qk_l2norm, null_block_id, backend) -> None:
+    return None
+
+
+def gated_delta_rule_replayssm_commit(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices,
+                                      accept_lens, *, track_state_indices=None, track_steps=None, use_qk_l2norm=True,
+                                      null_block_id=-1, backend="auto") -> None:
+    """:func:`gdnjit.gated_delta_rule_replayssm_commit` through ``torch.ops.gdnjit`` (the checkpoint updated in
+    place)."""
+    torch.ops.gdnjit.gated_delta_rule_replayssm_commit(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache,
+                                                       state_indices, accept_lens, track_state_indices, track_steps,
+                                                       use_qk_l2norm, null_block_id, backend)

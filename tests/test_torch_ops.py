@@ -30,6 +30,7 @@ MUTATED = {
     "causal_conv1d_update": {"conv_state", "out"},
     "engine_step": {"state", "inter", "output", "rawv", "rawk", "g_cache", "beta_cache"},
     "spec_step": {"state", "cache_k", "cache_v", "cache_g", "cache_beta", "cache_ctl", "output"},
+    "gated_delta_rule_replayssm_commit": {"checkpoint_state"},
 }
 
 
@@ -43,7 +44,8 @@ def test_every_public_op_is_registered():
     import gdnjit
 
     expected = ["gated_delta_rule_decode_pretranspose", "gated_delta_rule_decode", "gated_delta_rule_mtp",
-                "nvfp4_quantize", "dequantize_nvfp4", "causal_conv1d_update", "engine_step", "spec_step"]
+                "nvfp4_quantize", "dequantize_nvfp4", "causal_conv1d_update", "engine_step", "spec_step",
+                "gated_delta_rule_replayssm_commit"]
     assert list(ops.OP_NAMES) == expected
     # engine_step is gdnjit.gdn_engine's (the call behind gdnjit.compat), spec_step gdnjit.gated_delta_rule_spec_step,
     # the others gdnjit's public functions of the same name
@@ -62,6 +64,7 @@ def test_schema_text_and_mutated_args(name):
     assert written == MUTATED[name]
     if name.startswith("gated_delta_rule"):
         assert len(schema.returns) == 0  # custom ops may not return an input alias
+    if name.startswith("gated_delta_rule") and name != "gated_delta_rule_replayssm_commit":  # (the commit: no output)
         out = next(a for a in schema.arguments if a.name == "output")
         assert str(out.type) == "Tensor"  # required: the wrapper allocates it
     # the wrapper's parameters are the eager function's, in order
@@ -242,6 +245,73 @@ def test_cpu_mtp_verify_leaves_pool_and_fills_buffer():
     assert torch.isnan(buf[2]).all() and torch.isnan(buf[:, 3]).all()
 
 
+def test_cpu_mtp_replayssm_verify_caches_through_the_op():
+    """FlashInfer's caching verify through torch.ops.gdnjit (it runs as the engine_step op): raw k / v cached in bf16
+    (fp16 inputs rounded), log decay and beta in fp32, at each live row's read slot; the pool frozen, a padding row's
+    cache slot and output rows left; the eager contract's refusals raised before the op."""
+    t = gdn_inputs(B=3, T=3, dtype=torch.float16)
+    pool = torch.randn(6, 4, 64, 64)
+    idx = torch.tensor([5, 1, -1], dtype=torch.int32)
+    nan = float("nan")
+    rawv, rawk = torch.full((6, 4, 3, 64), nan, dtype=torch.bfloat16), torch.full((6, 2, 3, 64), nan, dtype=torch.bfloat16)
+    gc, bc = torch.full((6, 4, 3), nan), torch.full((6, 4, 3), nan)
+    out = torch.full((3, 3, 4, 64), 7.0, dtype=torch.float16)
+    ref = gdn_reference(t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"], pool.double(),
+                        read_indices=idx, disable_state_update=True)
+    p = pool.clone()
+    got, ret = ops.gated_delta_rule_mtp(t["q"], t["k"], t["v"], p, idx, t["A_log"], t["a"], t["dt_bias"], t["b"],
+                                        output=out, disable_state_update=True, cache_replayssm=True, replayssm_rawv=rawv,
+                                        replayssm_rawk=rawk, replayssm_g=gc, replayssm_beta=bc)
+    assert got is out and ret is p and torch.equal(p, pool)
+    assert _close(out[:2], ref.output[:2], 1e-2) and (out[2] == 7.0).all()
+    for n, slot in ((0, 5), (1, 1)):
+        assert torch.equal(rawk[slot], t["k"][n].transpose(0, 1).to(torch.bfloat16))
+        assert torch.equal(rawv[slot], t["v"][n].transpose(0, 1).to(torch.bfloat16))
+        assert not torch.isnan(gc[slot]).any() and not torch.isnan(bc[slot]).any()
+    untouched = [0, 2, 3, 4]
+    assert torch.isnan(rawv[untouched].float()).all() and torch.isnan(gc[untouched]).all()
+    with pytest.raises(ValueError, match="disable_state_update: must be true with cache_replayssm"):
+        ops.gated_delta_rule_mtp(t["q"], t["k"], t["v"], p, idx, t["A_log"], t["a"], t["dt_bias"], t["b"],
+                                 disable_state_update=False, cache_replayssm=True, replayssm_rawv=rawv,
+                                 replayssm_rawk=rawk, replayssm_g=gc, replayssm_beta=bc)
+
+
+def _commit_args(seed=0, L=2, S=6, H=2, HV=4, T=3, K=64, V=64):
+    g = torch.Generator().manual_seed(seed)
+    ck = torch.randn(L, S, HV, V, K, generator=g) * 0.1
+    rawv = torch.randn(L, S, HV, T, V, generator=g).to(torch.bfloat16)
+    rawk = torch.randn(L, S, H, T, K, generator=g).to(torch.bfloat16)
+    gc = -torch.rand(L, S, HV, T, generator=g)
+    bc = torch.rand(L, S, HV, T, generator=g)
+    return ck, rawv, rawk, gc, bc, torch.tensor([4, -1, 1], dtype=torch.int32), torch.tensor([2, 3, 3],
+                                                                                                dtype=torch.int32)
+
+
+def test_cpu_replayssm_commit_op_matches_the_reference():
+    """The ReplaySSM commit through torch.ops.gdnjit on CPU tensors: the float32 reference, in place (a padding row and
+    slots no request names keep their bits), with track; the eager function's errors."""
+    from gdnjit.reference.replay import replay_commit_reference
+
+    ck, rawv, rawk, gc, bc, idx, acc = _commit_args()
+    track = dict(track_state_indices=torch.tensor([5, -1, 0], dtype=torch.int32),
+                 track_steps=torch.tensor([0, 0, 1], dtype=torch.int32))
+    expect = replay_commit_reference(ck, rawv, rawk, gc, bc, idx, acc, **track)
+    got = ck.clone()
+    assert ops.gated_delta_rule_replayssm_commit(got, rawv, rawk, gc, bc, idx, acc, **track) is None
+    assert _close(got, expect, 1e-5)
+    assert torch.equal(got[:, [2, 3]], ck[:, [2, 3]])
+    with pytest.raises(NotImplementedError, match="backend='tcgen05'"):
+        ops.gated_delta_rule_replayssm_commit(got, rawv, rawk, gc, bc, idx, acc, backend="tcgen05")
+    with pytest.raises(ValueError, match="backend: expected one of"):
+        ops.gated_delta_rule_replayssm_commit(got, rawv, rawk, gc, bc, idx, acc, backend="cuda")
+
+
+def test_opcheck_replayssm_commit():
+    ck, rawv, rawk, gc, bc, idx, acc = _commit_args(seed=1)
+    torch.library.opcheck(raw("gated_delta_rule_replayssm_commit"), (ck, rawv, rawk, gc, bc, idx, acc, None, None,
+                                                                      True, -1, "auto"))
+
+
 def test_cpu_kmajor_decode_matches_reference():
     t = gdn_inputs(B=2, T=2, layout="kmajor")
     s = t["state"].clone()
@@ -327,6 +397,31 @@ def _verify_step():
     return fn, lambda: (pool.clone(), torch.zeros(3, 4, 4, 64, 64), torch.tensor([4, 0, 2]))
 
 
+def _replay_verify_step():
+    t = gdn_inputs(B=3, T=4, seed=6)
+
+    def fn(pool, rv, rk, g, beta, idx):
+        out, _ = ops.gated_delta_rule_mtp(t["q"], t["k"], t["v"], pool, idx, t["A_log"], t["a"], t["dt_bias"],
+                                          t["b"], disable_state_update=True, cache_replayssm=True, replayssm_rawv=rv,
+                                          replayssm_rawk=rk, replayssm_g=g, replayssm_beta=beta)
+        return (out * 2, g.sum())
+
+    pool = torch.randn(5, 4, 64, 64)
+    return fn, lambda: (pool.clone(), torch.zeros(5, 4, 4, 64, dtype=torch.bfloat16),
+                        torch.zeros(5, 2, 4, 64, dtype=torch.bfloat16), torch.zeros(5, 4, 4), torch.zeros(5, 4, 4),
+                        torch.tensor([4, 0, 2], dtype=torch.int32))
+
+
+def _replay_commit_step():
+    args = _commit_args(seed=2)
+
+    def fn(ck, idx, acc):
+        ops.gated_delta_rule_replayssm_commit(ck, *args[1:5], idx, acc)
+        return (ck.sum(),)
+
+    return fn, lambda: (args[0].clone(), args[5].clone(), args[6].clone())
+
+
 def _kmajor_step():
     t = gdn_inputs(B=2, T=1, layout="kmajor", seed=5)
 
@@ -349,7 +444,8 @@ def _nvfp4_step():
     return fn, lambda: (a.clone(), torch.tensor([50.0]))
 
 
-STEPS = {"decode-pool": _decode_step, "verify": _verify_step, "kmajor": _kmajor_step, "nvfp4": _nvfp4_step}
+STEPS = {"decode-pool": _decode_step, "verify": _verify_step, "replay-verify": _replay_verify_step,
+         "replay-commit": _replay_commit_step, "kmajor": _kmajor_step, "nvfp4": _nvfp4_step}
 
 
 @pytest.mark.parametrize("step", list(STEPS))

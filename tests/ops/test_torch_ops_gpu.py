@@ -103,6 +103,43 @@ def test_compile_mtp_verify_with_buffer():
     assert rel(buf[live, :T], ref.intermediate[live, :T]) < 1e-3
 
 
+def test_compile_mtp_replayssm_verify_and_commit():
+    """FlashInfer's caching verify through the op (it runs as engine_step) and its commit, compiled: the same bits as
+    the eager functions in the outputs, all four caches and the committed checkpoints."""
+    B, T, H, HV = 4, 4, 2, 4
+    t = inputs(B, T, H, HV, n_slots=7, seed=3)
+    idx = torch.tensor([6, 1, -1, 3], device="cuda", dtype=torch.int32)
+    nan = float("nan")
+
+    def caches():
+        return (torch.full((7, HV, T, 128), nan, device="cuda", dtype=torch.bfloat16),
+                torch.full((7, H, T, 128), nan, device="cuda", dtype=torch.bfloat16),
+                torch.full((7, HV, T), nan, device="cuda"), torch.full((7, HV, T), nan, device="cuda"))
+
+    acc = torch.tensor([3, 1, 0, 4], device="cuda", dtype=torch.int32)
+
+    def step(q, pool, rv, rk, g, beta):
+        out, _ = ops.gated_delta_rule_mtp(q, t["k"], t["v"], pool, idx, **gates(t), disable_state_update=True,
+                                          cache_replayssm=True, replayssm_rawv=rv, replayssm_rawk=rk, replayssm_g=g,
+                                          replayssm_beta=beta)
+        snapshot = pool.clone()
+        ops.gated_delta_rule_replayssm_commit(pool[None], rv[None], rk[None], g[None], beta[None], idx, acc)
+        return out, snapshot
+
+    pool, c_op, c_eager = t["state"].clone(), caches(), caches()
+    got, frozen = compiled(step)(t["q"], pool, *c_op)
+    p_eager = t["state"].clone()
+    out, _ = gdnjit.gated_delta_rule_mtp(t["q"], t["k"], t["v"], p_eager, idx, **gates(t), disable_state_update=True,
+                                         cache_replayssm=True, replayssm_rawv=c_eager[0], replayssm_rawk=c_eager[1],
+                                         replayssm_g=c_eager[2], replayssm_beta=c_eager[3])
+    gdnjit.gated_delta_rule_replayssm_commit(p_eager[None], *(c[None] for c in c_eager), idx, acc)
+    torch.cuda.synchronize()
+    assert torch.equal(got, out) and torch.equal(frozen, t["state"])  # the verify leaves the pool
+    assert all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in zip(c_op, c_eager))
+    assert not torch.isnan(c_op[1][6].float()).any() and torch.isnan(c_op[0][0].float()).all()
+    assert torch.equal(pool, p_eager) and not torch.equal(pool[6], t["state"][6])  # committed alike
+
+
 def test_compile_fused_spec_step_two_steps():
     """gdnjit::spec_step under torch.compile: two whole steps (the second replays what the first cached) give the
     eager function's bits, output, pool and cache, with a padding row."""
