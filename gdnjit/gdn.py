@@ -517,12 +517,13 @@ def replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, 
     return tuple(x for _, x in named)
 
 
-def replay_verify_checks(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output,
-                         intermediate_states_buffer, ssm_state_indices, disable_state_update, output_state_indices,
-                         caches) -> int:
-    """FlashInfer's contract for the caching verify (``cache_replayssm=True``), checked before anything runs: the pool
-    frozen, no per-token state buffer or scatter, every tensor's base address 16-byte aligned, ``output_state_indices``
-    checked (and unused: the verify writes no slot). Returns T (the engine step checks everything else)."""
+def replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
+                  intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
+                  output_state_indices, caches) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``gated_delta_rule_mtp(cache_replayssm=True)`` (FlashInfer's caching verify) run by ``engine_step`` (the eager
+    function or its torch op), after FlashInfer's contract is checked: the pool frozen, no per-token state buffer or
+    scatter, every tensor's base address 16-byte aligned, ``output_state_indices`` checked (and unused: the verify
+    writes no slot); the engine step checks everything else. Returns ``(output, initial_state)``."""
     if not disable_flag(disable_state_update, frozen_if_none=True):
         raise ValueError("disable_state_update: must be true with cache_replayssm (the verify leaves the checkpoint "
                          "for the commit to advance)")
@@ -541,7 +542,11 @@ def replay_verify_checks(q, k, v, a, b, A_log, dt_bias, initial_state, initial_s
     if output_state_indices is not None and isinstance(initial_state_indices, torch.Tensor):
         _check_indices("output_state_indices", output_state_indices, initial_state_indices.shape[0],
                        initial_state_indices.device, like=initial_state_indices)
-    return q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+    T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+    out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices, update=False,
+                      scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
+                      zero_padding=output is None)
+    return out, initial_state
 
 
 def gated_delta_rule_mtp(
@@ -598,13 +603,9 @@ def gated_delta_rule_mtp(
     if caches is not None:
         from .gdn_engine import engine_step
 
-        T = replay_verify_checks(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output,
-                                 intermediate_states_buffer, ssm_state_indices, disable_state_update,
-                                 output_state_indices, caches)
-        out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices,
-                          update=False, scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
-                          zero_padding=output is None)
-        return out, initial_state
+        return replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale,
+                             output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
+                             use_qk_l2norm, output_state_indices, caches)
     frozen, zero_padding = mtp_flags(output, disable_state_update)
     out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
                scale, output, intermediate_states_buffer, ssm_state_indices, not frozen, use_qk_l2norm,

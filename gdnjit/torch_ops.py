@@ -307,13 +307,9 @@ def gated_delta_rule_mtp(
     writes the four caches."""
     caches = _gdn.replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
     if caches is not None:
-        T = _gdn.replay_verify_checks(q, k, v, a, b, A_log, dt_bias, initial_state, initial_state_indices, output,
-                                      intermediate_states_buffer, ssm_state_indices, disable_state_update,
-                                      output_state_indices, caches)
-        out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices,
-                          update=False, scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
-                          zero_padding=output is None)
-        return out, initial_state
+        return _gdn.replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b,
+                                  scale, output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
+                                  use_qk_l2norm, output_state_indices, caches)
     frozen, zero_padding = _gdn.mtp_flags(output, disable_state_update)
     out = _output(q, v, output)
     torch.ops.gdnjit.gated_delta_rule_mtp(
