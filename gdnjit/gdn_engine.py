@@ -329,7 +329,8 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
         B=N, H=H, HV=HV, scale=scale, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
         zero_padding=int(zero_padding), s_head=V * K, s_row=K, read_sn=read_idx.stride(0), read_cols=read_cols,
         parent_sn=0 if parent is None else parent.stride(0), inter_rows=0 if inter is None else inter.shape[0],
-        layer_rows=0, layer_slots=0,
+        layer_rows=0, layer_slots=0, gate_sh=0 if A_log is None else A_log.stride(0),
+        dtb_sh=0 if dt_bias is None else dt_bias.stride(0), min_slot=0,
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=N, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)

@@ -23,6 +23,8 @@ from .spec import get_spec
 _BACKENDS = ("auto", "simt", "tcgen05")
 _memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, device)
 _MEMO_MAX = 256
+# the kernel's pointer slots of the commit's tensors (rawk is also q's: the kernel's l2norm reads it as a token's q)
+_SLOTS = tuple(_POINTERS.index(n) for n in ("q", "k", "v", "a", "b", "state", "read_idx", "acc", "trk_idx", "trk_step"))
 
 
 def _sig(x):
@@ -57,20 +59,30 @@ def gated_delta_rule_replayssm_commit(
             token ``track_steps[i]`` (zero-based, inside the accepted prefix) to slot ``track_state_indices[i]``
             (skipped when that slot is ``<= null_block_id``).
         use_qk_l2norm: normalise the cached k (eps 1e-6 under the square root), as verify did.
-        null_block_id: -1 (negative slots are padding) or 0 (vLLM's null block: slots <= 0 skipped).
+        null_block_id: an int >= -1: slots <= it are skipped (-1: negative slots; vLLM's null block: 0).
         backend: "auto" / "simt" run gdnjit's kernel; "tcgen05" (FlashInfer's Blackwell tensor-core commit) is not
             provided (NotImplementedError).
 
+    Every tensor's base address must be 16-byte aligned (FlashInfer's contract; ValueError naming it).
     Values a kernel cannot check without a device read (a slot past the pool, an accept length outside 0..T) stop it
     with a trap. Graph capturable; one launch for all layers and requests.
     """
     check_backend(backend)
+    if backend == "tcgen05":  # FlashInfer checks the arguments and the backend's own limits first
+        _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
+                 track_state_indices, track_steps, use_qk_l2norm, null_block_id)
+        refuse_tcgen05(rawk_cache.shape[3], use_qk_l2norm, track_steps is not None)
     config = RUNNER.sync()
     tensors = (checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
                track_state_indices, track_steps)
     try:
+        ptrs = [0] * len(_POINTERS)
+        for slot, x in zip(_SLOTS, (rawk_cache, rawk_cache, rawv_cache, g_cache, beta_cache, checkpoint_state,
+                                    state_indices, accept_lens, track_state_indices, track_steps)):
+            if x is not None:
+                ptrs[slot] = x.data_ptr()
         sig = (tuple(_sig(x) for x in tensors), use_qk_l2norm, type(use_qk_l2norm), null_block_id,
-               type(null_block_id), (checkpoint_state.data_ptr() | rawk_cache.data_ptr() | rawv_cache.data_ptr()) & 15)
+               type(null_block_id), any(p & 15 for p in ptrs))  # every base 16-byte aligned (checked by _prepare)
         hit = _memo.get(sig)
     except (AttributeError, TypeError, RuntimeError):
         sig = hit = None
@@ -79,25 +91,28 @@ def gated_delta_rule_replayssm_commit(
         if call is None:
             return
         bound, dev = RUNNER.bind(call, _POINTERS), call.device
+        ptrs = [call.args[n] for n in _POINTERS]
         remember(_memo, sig, (bound, dev), config, _MEMO_MAX)
     else:
         bound, dev = hit
-    ptrs = [0] * len(_POINTERS)
-    for name, x in (("q", rawk_cache), ("k", rawk_cache), ("v", rawv_cache), ("a", g_cache), ("b", beta_cache),
-                    ("state", checkpoint_state), ("read_idx", state_indices), ("acc", accept_lens),
-                    ("trk_idx", track_state_indices), ("trk_step", track_steps)):
-        if x is not None:
-            ptrs[_POINTERS.index(name)] = x.data_ptr()
     launch_on(dev, bound, tuple(ptrs))
 
 
 def check_backend(backend) -> None:
-    """FlashInfer's commit backends: "auto" / "simt" run gdnjit's kernel; "tcgen05" NotImplementedError; else ValueError."""
+    """FlashInfer's commit backends: "auto" / "simt" run gdnjit's kernel, "tcgen05" is refused by
+    :func:`refuse_tcgen05` after the argument checks; anything else: ValueError."""
     if not isinstance(backend, str) or backend not in _BACKENDS:
         raise ValueError(f"backend: expected one of {_BACKENDS}, got {backend!r}")
-    if backend == "tcgen05":
-        raise NotImplementedError("backend='tcgen05': FlashInfer's Blackwell tensor-core commit is not provided by "
-                                  "gdnjit; use 'auto' or 'simt'")
+
+
+def refuse_tcgen05(T: int, use_qk_l2norm: bool, track: bool) -> None:
+    """backend="tcgen05": ValueError where FlashInfer's tcgen05 commit refuses the call too (T outside 4..8,
+    unnormalised k, a track), else NotImplementedError (FlashInfer's Blackwell kernel is not provided)."""
+    if not 4 <= T <= 8 or not use_qk_l2norm or track:
+        raise ValueError(f"backend='tcgen05': FlashInfer's tcgen05 commit takes T 4..8 with use_qk_l2norm=True and no "
+                         f"track; got T={T}, use_qk_l2norm={use_qk_l2norm}, track={track}")
+    raise NotImplementedError("backend='tcgen05': FlashInfer's Blackwell tensor-core commit is not provided by "
+                              "gdnjit; use 'auto' or 'simt'")
 
 
 def _cache(name: str, x, shape: tuple, dtypes, device) -> None:
@@ -145,10 +160,15 @@ def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, stat
     if track_steps is not None:
         _vector("track_state_indices", track_state_indices, B, (state_indices.dtype,), device)
         _vector("track_steps", track_steps, B, (torch.int32,), device)
+    for name, x in (("checkpoint_state", checkpoint_state), ("rawv_cache", rawv_cache), ("rawk_cache", rawk_cache),
+                    ("g_cache", g_cache), ("beta_cache", beta_cache), ("state_indices", state_indices),
+                    ("accept_lens", accept_lens), ("track_state_indices", track_state_indices),
+                    ("track_steps", track_steps)):
+        if x is not None and x.data_ptr() % 16:
+            raise ValueError(f"{name}: the commit needs a 16-byte aligned base address (FlashInfer's contract), got "
+                             f"{hex(x.data_ptr())}")
     use_qk_l2norm = _v.boolean("use_qk_l2norm", use_qk_l2norm)
-    if isinstance(null_block_id, bool) or null_block_id not in (-1, 0):
-        raise ValueError(f"null_block_id: expected -1 (negative slots are padding) or 0 (slots <= 0), got "
-                         f"{null_block_id!r}")
+    _v.null_block("null_block_id", null_block_id)
     if B == 0 or L == 0:
         return None
     params = dict(layout="klast", K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[rawk_cache.dtype],
@@ -156,7 +176,7 @@ def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, stat
                   dtb_dtype="fp32", pool=True, idx_dtype=_v.INDEX_NAMES[state_indices.dtype], same_pool=True,
                   inter_dtype="none", ssm_idx_dtype="none", update=True, l2norm=use_qk_l2norm, slot_strided=False,
                   varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
-                  null_slot="negative" if null_block_id == -1 else "nonpositive", padding="skip", gates="given",
+                  null_slot="negative", padding="skip", gates="given",
                   replay_cache=False, replay=True, track=track_steps is not None, fused_step="none")
     p = lambda x: 0 if x is None else x.data_ptr()  # noqa: E731
     args = dict(
@@ -170,6 +190,7 @@ def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, stat
         a_sn=HV * T, a_st=1, a_sh=T, b_sn=HV * T, b_st=1, b_sh=T, o_sn=0, o_st=0, o_sh=0, inter_sn=0, ssm_sn=0,
         ssm_st=0, B=L * B, H=H, HV=HV, scale=1.0, softplus_beta=1.0, softplus_threshold=20.0, zero_padding=0,
         s_head=V * K, s_row=K, read_sn=1, read_cols=1, parent_sn=0, inter_rows=0, layer_rows=B, layer_slots=S,
+        gate_sh=0, dtb_sh=0, min_slot=null_block_id + 1,
     )
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
     return KernelCall(get_spec("gdn"), params, dict(B=L * B, H=H, HV=HV), args, dev,

@@ -132,7 +132,7 @@ def gated_delta_rule_spec_step(
             ``state.shape[0]``, the same T and head dims, q's dtype).
         scale: q scale (default ``K ** -0.5``); use_qk_l2norm: l2-normalise q and k (eps 1e-6 under the root).
         softplus_beta, softplus_threshold: the softplus of the decay gate (vLLM's defaults 1.0, 20.0).
-        null_block_id: -1 (negative slots are padding) or 0 (vLLM's null block: slots <= 0).
+        null_block_id: an int >= -1: slots <= it are padding (-1: negative slots; vLLM's null block: 0).
         output: optional ``[B, T, HV, V]`` bf16 / fp16 / fp32, last dim contiguous; else allocated in q's dtype.
 
     With a bf16 state the checkpoint is rounded once per step (after the replayed tokens) and the new tokens start
@@ -246,9 +246,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
     if state.shape[0] > 1 and state.stride(0) % 4:
         raise ValueError(f"state: the slot pitch must be a multiple of 4 elements (16-byte loads), got {state.stride(0)}")
     use_qk_l2norm = _v.boolean("use_qk_l2norm", use_qk_l2norm)
-    if isinstance(null_block_id, bool) or null_block_id not in (-1, 0):
-        raise ValueError(f"null_block_id: expected -1 (negative slots are padding) or 0 (slots <= 0), got "
-                         f"{null_block_id!r}")
+    _v.null_block("null_block_id", null_block_id)
     _v.tensor("state_indices", state_indices, 1)
     B = state_indices.shape[0]
     _vector("state_indices", state_indices, B, _v.INDEX_NAMES, device)
@@ -317,7 +315,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
                   idx_dtype=_v.INDEX_NAMES[state_indices.dtype], same_pool=True, inter_dtype="none",
                   ssm_idx_dtype="none", update=False, l2norm=use_qk_l2norm, slot_strided=False, varlen=False,
                   bounded=False, accepted=False, tree=False, inter_indexed=False,
-                  null_slot="negative" if null_block_id == -1 else "nonpositive", padding="skip",
+                  null_slot="negative", padding="skip",  # the null block: min_slot, an argument
                   gates="given" if flush else "raw",  # a flush has no gate inputs (its g / beta are the cached ones)
                   replay_cache=False, replay=False, track=False, fused_step="flush" if flush else "step")
     args = dict(
@@ -328,7 +326,8 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
         slot_stride=state.stride(0), pool_size=slots, **strides, inter_sn=0, ssm_sn=0, ssm_st=0, B=B, H=H, HV=HV,
         scale=scale, softplus_beta=float(softplus_beta), softplus_threshold=float(softplus_threshold), zero_padding=int(zero_padding),
         s_head=V * K, s_row=K, read_sn=state_indices.stride(0), read_cols=1, parent_sn=0, inter_rows=0, layer_rows=0,
-        layer_slots=0,
+        layer_slots=0, gate_sh=0 if A_log is None else A_log.stride(0), dtb_sh=0 if dt_bias is None else dt_bias.stride(0),
+        min_slot=null_block_id + 1,
     )
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
     return output, KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,

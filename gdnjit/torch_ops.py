@@ -563,6 +563,8 @@ def _commit_op(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, st
     _replay.check_backend(backend)
     _replay._prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
                      track_state_indices, track_steps, use_qk_l2norm, null_block_id, require_cuda=False)
+    if backend == "tcgen05":
+        _replay.refuse_tcgen05(rawk_cache.shape[3], use_qk_l2norm, track_steps is not None)
     checkpoint_state.copy_(replay_commit_reference(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache,
                                                    state_indices, accept_lens, dtype=torch.float32, **kw))
 

@@ -134,8 +134,18 @@ def boolean(name: str, x: Any) -> bool:
     return x
 
 
+def null_block(name: str, x: Any) -> int:
+    """FlashInfer's ``null_block_id``: an int >= -1; slots <= it are padding (-1: negative slots; vLLM's 0: slot 0)."""
+    if isinstance(x, bool) or not isinstance(x, int):
+        raise TypeError(f"{name}: expected an int >= -1, got {type(x).__name__}")
+    if not -1 <= x < 2 ** 62:
+        raise ValueError(f"{name}: expected an int >= -1 (slots <= it are padding), got {x}")
+    return x
+
+
 def gate_params(A_log: Any, dt_bias: Any, HV: int, device: torch.device) -> None:
-    """The GDN gate parameters: fp32 ``A_log [HV]`` and ``dt_bias [HV]`` (fp32 / bf16 / fp16), contiguous, on ``device``."""
+    """The GDN gate parameters: fp32 ``A_log [HV]`` and ``dt_bias [HV]`` (fp32 / bf16 / fp16), on ``device``, any
+    stride (the kernels take each one's stride)."""
     tensor("A_log", A_log, 1)
     dtype_in("A_log", A_log, (torch.float32,))
     same_device("A_log", A_log, device)
@@ -144,9 +154,6 @@ def gate_params(A_log: Any, dt_bias: Any, HV: int, device: torch.device) -> None
     dtype_in("dt_bias", dt_bias, (torch.float32, torch.bfloat16, torch.float16))
     same_device("dt_bias", dt_bias, device)
     shape_is("dt_bias", dt_bias, (HV,), "[HV]")
-    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
-        if HV > 1 and x.stride(0) != 1:
-            raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
 
 
 def value_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dims: tuple) -> tuple:

@@ -35,7 +35,11 @@ def test_commit_call():
                 track_steps=torch.zeros(B, dtype=torch.int32))
     p, a = call.params, call.args
     assert (p["replay"], p["track"], p["gates"], p["null_slot"], p["T"], p["update"]) == (True, True, "given",
-                                                                                          "nonpositive", T, True)
+                                                                                          "negative", T, True)
+    # FlashInfer's null_block_id is any int >= -1: the first live slot is a kernel argument, one variant for all
+    assert a["min_slot"] == 1 and prep(null_block_id=-1).args["min_slot"] == 0
+    big = prep(null_block_id=6)
+    assert big.args["min_slot"] == 7 and big.params == prep().params
     assert a["B"] == L * B and a["layer_rows"] == B and a["layer_slots"] == S and a["pool_size"] == L * S
     assert (a["k_sn"], a["k_st"], a["k_sh"]) == (H * T * K, K, T * K)  # the cache as a pool of L * S slots
     assert (a["v_sn"], a["a_sn"], a["a_sh"]) == (HV * T * V, HV * T, T)
@@ -53,7 +57,8 @@ def test_commit_call():
     (dict(accept_lens=torch.zeros(B, dtype=torch.int64)), TypeError, "accept_lens: expected dtype int32"),
     (dict(accept_lens=torch.zeros(B + 1, dtype=torch.int32)), ValueError, "accept_lens: expected shape"),
     (dict(track_steps=torch.zeros(B, dtype=torch.int32)), ValueError, "track_state_indices, track_steps: pass both"),
-    (dict(null_block_id=5), ValueError, "null_block_id: expected -1"),
+    (dict(null_block_id=-2), ValueError, "null_block_id: expected an int >= -1"),
+    (dict(null_block_id=True), TypeError, "null_block_id: expected an int >= -1, got bool"),
     (dict(use_qk_l2norm=1), TypeError, "use_qk_l2norm: expected a bool"),
 ])
 def test_commit_errors(kw, exc, msg):
@@ -63,10 +68,23 @@ def test_commit_errors(kw, exc, msg):
 
 
 def test_commit_backends():
+    # tcgen05 (FlashInfer's Blackwell commit): the arguments and the backend's own limits checked first, as FlashInfer
+    # (CPU tensors: through the torch op, whose CPU path runs the same checks)
+    from gdnjit.torch_ops import gated_delta_rule_replayssm_commit as op
+    args = list(_commit_args().values())[:7]
     with pytest.raises(NotImplementedError, match="backend='tcgen05'"):
-        gated_delta_rule_replayssm_commit(*list(_commit_args().values())[:7], backend="tcgen05")
+        op(*args, backend="tcgen05")
+    with pytest.raises(ValueError, match="tcgen05 commit takes T 4..8 with use_qk_l2norm=True and no track"):
+        op(*args, backend="tcgen05", use_qk_l2norm=False)
+    track = torch.zeros(B, dtype=torch.int32)
+    with pytest.raises(ValueError, match="track=True"):
+        op(*args, backend="tcgen05", track_state_indices=track, track_steps=track)
+    with pytest.raises(ValueError, match="rawk_cache: the cached tokens T"):
+        op(*list(_commit_args(rawk_cache=torch.zeros(L, S, H, 17, K, dtype=bf)).values())[:7], backend="tcgen05")
+    with pytest.raises(ValueError, match="checkpoint_state: expected a CUDA tensor"):  # the eager function: same order
+        gated_delta_rule_replayssm_commit(*args, backend="tcgen05")
     with pytest.raises(ValueError, match="backend: expected one of"):
-        gated_delta_rule_replayssm_commit(*list(_commit_args().values())[:7], backend="cuda")
+        gated_delta_rule_replayssm_commit(*args, backend="cuda")
 
 
 def _mtp_cache_call(sdt=torch.float32, cache_T=T, **over):
@@ -143,3 +161,15 @@ def test_tc_form_replay_variants_compile_without_spills(sdt):
     tracked = prep(checkpoint_state=torch.zeros(L, S, HV, V, K, dtype=sdt),
                    track_state_indices=torch.zeros(B, dtype=torch.int32), track_steps=torch.zeros(B, dtype=torch.int32))
     assert dispatch.select(spec, tracked.params, dict(B=64, H=H, HV=64, num_sms=132))[0]["form"] == "recurrent"
+
+
+@pytest.mark.parametrize("name", ["checkpoint_state", "rawv_cache", "rawk_cache", "g_cache", "beta_cache",
+                                  "state_indices", "accept_lens", "track_state_indices", "track_steps"])
+def test_commit_refuses_unaligned_bases(name):
+    """FlashInfer's contract: every base address 16-byte aligned (a view one element into its storage is refused)."""
+    kw = dict(track_state_indices=torch.zeros(B, dtype=torch.int32), track_steps=torch.zeros(B, dtype=torch.int32))
+    x = _commit_args(**kw)[name]
+    storage = torch.zeros(x.numel() + 1, dtype=x.dtype)
+    kw[name] = storage[1:].view(x.shape)
+    with pytest.raises(ValueError, match=f"{name}: .*16-byte aligned"):
+        prep(**kw)

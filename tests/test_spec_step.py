@@ -57,8 +57,11 @@ def test_step_and_flush_calls():
     out, call = prep(state_indices=torch.zeros(B, dtype=torch.int64), null_block_id=0)
     p, a = call.params, call.args
     assert out.shape == (B, T, HV, V) and out.dtype == bf
-    assert (p["fused_step"], p["update"], p["null_slot"], p["idx_dtype"], p["T"]) == ("step", False, "nonpositive",
+    assert (p["fused_step"], p["update"], p["null_slot"], p["idx_dtype"], p["T"]) == ("step", False, "negative",
                                                                                       "int64", T)
+    # null_block_id: any int >= -1, a kernel argument (the first live slot), one variant for all
+    assert a["min_slot"] == 1 and prep(null_block_id=4)[1].args["min_slot"] == 5
+    assert prep(null_block_id=4)[1].params == prep(null_block_id=-1)[1].params
     assert a["ctl"] != 0 and a["acc"] != 0 and a["rk"] != 0 and a["zero_padding"] == 1 and a["pool_size"] == S
     _, call = prep(output=torch.zeros(B, T, HV, V))
     assert call.args["zero_padding"] == 0  # a caller's output: padding rows left as they were
@@ -104,7 +107,8 @@ def _bad_cache(i, x):
     (dict(scale=0.0), ValueError, "scale: expected a positive float"),
     (dict(softplus_beta=True), TypeError, "softplus_beta: expected a Python float"),
     (dict(use_qk_l2norm=1), TypeError, "use_qk_l2norm: expected a bool"),
-    (dict(null_block_id=-2), ValueError, "null_block_id: expected -1"),
+    (dict(null_block_id=-2), ValueError, "null_block_id: expected an int >= -1"),
+    (dict(null_block_id=0.0), TypeError, "null_block_id: expected an int >= -1, got float"),
     (dict(output=torch.zeros(B, T, HV, V, dtype=torch.int32)), TypeError, "output: expected dtype"),
     (dict(output=torch.zeros(B, T + 1, HV, V)), ValueError, "output: expected shape"),
 ])

@@ -300,7 +300,7 @@ def test_cpu_replayssm_commit_op_matches_the_reference():
     assert ops.gated_delta_rule_replayssm_commit(got, rawv, rawk, gc, bc, idx, acc, **track) is None
     assert _close(got, expect, 1e-5)
     assert torch.equal(got[:, [2, 3]], ck[:, [2, 3]])
-    with pytest.raises(NotImplementedError, match="backend='tcgen05'"):
+    with pytest.raises(ValueError, match="backend='tcgen05': FlashInfer's tcgen05 commit takes T 4..8"):  # T = 3
         ops.gated_delta_rule_replayssm_commit(got, rawv, rawk, gc, bc, idx, acc, backend="tcgen05")
     with pytest.raises(ValueError, match="backend: expected one of"):
         ops.gated_delta_rule_replayssm_commit(got, rawv, rawk, gc, bc, idx, acc, backend="cuda")

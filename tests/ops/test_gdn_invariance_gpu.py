@@ -9,6 +9,7 @@ conventions: a caller's output rows of padding requests are left as they were at
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import pytest
@@ -318,3 +319,60 @@ def test_strided_pool_in_every_form(form, state_dtype, T):
     assert (out[live].double() - ref.output[live]).norm() / ref.output[live].norm() < tol
     assert (pool.double() - ref.state).norm() / ref.state.norm() < tol
     assert torch.equal(backing[:, 1::2], backing0[:, 1::2])
+
+
+def _strided(x, step):
+    """x's values as a view with stride ``step`` into a bigger buffer (FlashInfer's strided A_log / dt_bias)."""
+    backing = torch.full((x.numel() * step,), float("nan"), device=x.device, dtype=x.dtype)
+    view = backing[::step]
+    view.copy_(x)
+    return view
+
+
+@pytest.mark.parametrize("form", ["rule", "recurrent", "tc", "mma", "pipe", "decode", "spec_step", "engine"])
+@pytest.mark.parametrize("dtb_dtype", [torch.float32, torch.bfloat16])
+def test_strided_gate_params_give_the_contiguous_bits(form, dtb_dtype):
+    """A_log / dt_bias as strided [HV] views (the other elements NaN): the same bits as contiguous ones, in every
+    form and entry point that reads them."""
+    from gdn_cases import forcing
+
+    B, T, H, HV, K, V = 6, 1 if form == "decode" else 4, 2, 8, 128, 128
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=41)
+    dt_bias = dt_bias.to(dtb_dtype)
+    pool0 = torch.randn(B + 3, HV, V, K, device=DEV) * 0.1
+    idx = torch.tensor([4, -1, 0, 7, 2, 8], device=DEV, dtype=torch.int32)
+    override = {"rule": None, "recurrent": {"form": "recurrent", "pipe": 1}, "tc": {"form": "tc"},
+                "mma": {"form": "mma"}, "pipe": {"pipe": 2}}.get(form)
+
+    def run(al, db):
+        pool = pool0.clone()
+        if form == "spec_step":
+            cache = gdnjit.spec_cache(B + 3, H, HV, T, K, V, dtype=torch.bfloat16, device=DEV)
+            acc = torch.zeros(B, dtype=torch.int32, device=DEV)
+            outs = []
+            for _ in range(2):  # the second step replays the first one's tokens (their g from A_log / dt_bias)
+                outs.append(gdnjit.gated_delta_rule_spec_step(q, k, v, al, a, db, b, pool, idx, acc, cache))
+                acc = torch.tensor([4, 0, 2, 1, 3, 4], device=DEV, dtype=torch.int32)
+            return torch.cat(outs), pool
+        if form == "engine":
+            from gdnjit.compat import sglang
+
+            out = sglang.fused_sigmoid_gating_delta_rule_update(
+                A_log=al, a=a.reshape(B * T, HV), dt_bias=db, softplus_beta=1.0, softplus_threshold=20.0,
+                q=q.reshape(1, B * T, H, K), k=k.reshape(1, B * T, H, K), v=v.reshape(1, B * T, HV, V),
+                b=b.reshape(B * T, HV), initial_state_source=pool, initial_state_indices=idx, use_qk_l2norm_in_kernel=True,
+                cu_seqlens=torch.arange(0, B * T + 1, T, device=DEV, dtype=torch.int32))
+            return out, pool
+        if form == "decode":
+            out, _ = gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, None, al, a, db, b, initial_state=pool,
+                                                                 initial_state_indices=idx)
+            return out, pool
+        with (forcing(override) if override else contextlib.nullcontext()):
+            out, _ = gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, al, a, db, b, disable_state_update=False)
+        return out, pool
+
+    want = run(A_log, dt_bias)
+    got = run(_strided(A_log, 3), _strided(dt_bias, 2))
+    torch.cuda.synchronize()
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert not torch.isnan(want[0].float()).any()

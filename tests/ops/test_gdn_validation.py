@@ -42,6 +42,14 @@ def test_valid_direct_and_pool_pass():
     assert params["pool"] is True and params["idx_dtype"] == "int32" and params["same_pool"] is True
 
 
+def test_strided_gate_params_pass_their_strides():
+    """A_log / dt_bias as strided [HV] views (FlashInfer accepts them): valid, each one's stride a kernel argument."""
+    _, call = prep(A_log=torch.rand(12)[::3], dt_bias=torch.randn(8, dtype=torch.bfloat16)[::2])
+    assert (call.args["gate_sh"], call.args["dtb_sh"]) == (3, 2)
+    _, call = prep()
+    assert (call.args["gate_sh"], call.args["dtb_sh"], call.args["min_slot"]) == (1, 1, 0)
+
+
 @pytest.mark.parametrize("over,exc,needle", [
     (dict(q=[1, 2]), TypeError, "q: expected a torch.Tensor"),
     (dict(q=torch.randn(3, 1, 2, 128)), TypeError, "q: expected dtype"),
@@ -59,7 +67,6 @@ def test_valid_direct_and_pool_pass():
     (dict(A_log=torch.rand(4, dtype=torch.float64)), TypeError, "A_log: expected dtype float32"),
     (dict(A_log=torch.rand(5)), ValueError, "A_log: expected shape"),
     (dict(dt_bias=torch.randn(4, dtype=torch.float64)), TypeError, "dt_bias: expected dtype"),
-    (dict(dt_bias=torch.randn(8)[::2]), ValueError, "dt_bias: expected a contiguous"),
     (dict(state=torch.randn(3, 4, 128, 128, dtype=torch.float16)), TypeError, "state: expected dtype"),
     (dict(state=torch.randn(4, 4, 128, 128)), ValueError, "state: expected shape"),
     (dict(state=torch.randn(3, 4, 128, 128).transpose(2, 3)), ValueError, "state: the last dim (K) must be contiguous"),
@@ -323,7 +330,7 @@ def test_guard_tier_serves_repeat_calls_with_fresh_pointers(monkeypatch):
     ("a", lambda x: x.float(), "a: expected the dtype of q"),
     ("b", lambda x: torch.randn(x.shape[0], x.shape[1], x.shape[2] * 2, dtype=x.dtype)[..., ::2], None),
     ("A_log", lambda x: x.double(), "A_log: "),
-    ("dt_bias", lambda x: torch.randn(2 * x.shape[0])[::2], "dt_bias: expected a contiguous tensor"),
+    ("dt_bias", lambda x: torch.randn(2 * x.shape[0])[::2], None),  # strided: valid (its stride is an argument)
     ("state", lambda x: x.bfloat16(), None),
     ("state", lambda x: torch.randn(x.shape[0], x.shape[1], x.shape[3], x.shape[2]).transpose(2, 3),
      r"state: the last dim \(K\) must be contiguous"),

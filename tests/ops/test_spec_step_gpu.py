@@ -86,6 +86,13 @@ def test_tc_form_loop_matches_the_reference(V, T, sdt, forms):
     _loop(128, V, T, sdt, -1, steps)
 
 
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("form", ["rule", "recurrent", "tc"])
+def test_null_block_above_zero(sdt, form):
+    """null_block_id 3 (any int >= -1, as FlashInfer's commit): rows on slots 0..3 are padding, those slots untouched."""
+    _loop(128, 128, 4, sdt, 3, [{"rule": None, "recurrent": RECURRENT, "tc": TC}[form]] * 4)
+
+
 def _loop(K, V, T, sdt, null, forms):
     from gdn_cases import forcing
 
@@ -98,7 +105,7 @@ def _loop(K, V, T, sdt, null, forms):
     A_log, dtb = _gates(HV, g)
     chosen = rng.sample(range(1, slots), B)  # slot 0 stays out of use (vLLM's null block when null == 0)
     idx = torch.tensor(chosen, dtype=torch.int32, device=DEV)
-    idx[2] = null if null == 0 else -1
+    idx[2] = null if null >= 0 else -1
     idx[5] = -1
     live = [int(s) for s in idx.tolist() if s > null]
     acc = torch.zeros(B, dtype=torch.int32, device=DEV)

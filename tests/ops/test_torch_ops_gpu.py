@@ -118,24 +118,35 @@ def test_compile_mtp_replayssm_verify_and_commit():
 
     acc = torch.tensor([3, 1, 0, 4], device="cuda", dtype=torch.int32)
 
-    def step(q, pool, rv, rk, g, beta):
+    def verify(q, pool, rv, rk, g, beta):
         out, _ = ops.gated_delta_rule_mtp(q, t["k"], t["v"], pool, idx, **gates(t), disable_state_update=True,
                                           cache_replayssm=True, replayssm_rawv=rv, replayssm_rawk=rk, replayssm_g=g,
                                           replayssm_beta=beta)
-        snapshot = pool.clone()
-        ops.gated_delta_rule_replayssm_commit(pool[None], rv[None], rk[None], g[None], beta[None], idx, acc)
-        return out, snapshot
+        return out
 
+    def step(q, pool, rv, rk, g, beta):
+        out = verify(q, pool, rv, rk, g, beta)
+        ops.gated_delta_rule_replayssm_commit(pool[None], rv[None], rk[None], g[None], beta[None], idx, acc)
+        return out
+
+    # The verify alone first (it must leave the pool), then verify + commit in one graph. Not one graph with a
+    # pool.clone() between the two ops: Inductor (torch 2.11 / 2.13) then returns the clone aliased to the committed
+    # pool, with any two custom ops (docs/api.md, torch ops).
+    pool_v, c_v = t["state"].clone(), caches()
+    got_v = compiled(verify)(t["q"], pool_v, *c_v)
     pool, c_op, c_eager = t["state"].clone(), caches(), caches()
-    got, frozen = compiled(step)(t["q"], pool, *c_op)
+    got = compiled(step)(t["q"], pool, *c_op)
     p_eager = t["state"].clone()
     out, _ = gdnjit.gated_delta_rule_mtp(t["q"], t["k"], t["v"], p_eager, idx, **gates(t), disable_state_update=True,
                                          cache_replayssm=True, replayssm_rawv=c_eager[0], replayssm_rawk=c_eager[1],
                                          replayssm_g=c_eager[2], replayssm_beta=c_eager[3])
+    frozen = p_eager.clone()
     gdnjit.gated_delta_rule_replayssm_commit(p_eager[None], *(c[None] for c in c_eager), idx, acc)
     torch.cuda.synchronize()
-    assert torch.equal(got, out) and torch.equal(frozen, t["state"])  # the verify leaves the pool
-    assert all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in zip(c_op, c_eager))
+    assert torch.equal(got, out) and torch.equal(got_v, out)
+    assert torch.equal(pool_v, t["state"]) and torch.equal(frozen, t["state"])  # the verify leaves the pool
+    for caches_got in (c_op, c_v):
+        assert all(torch.equal(x.nan_to_num(7.0), y.nan_to_num(7.0)) for x, y in zip(caches_got, c_eager))
     assert not torch.isnan(c_op[1][6].float()).any() and torch.isnan(c_op[0][0].float()).all()
     assert torch.equal(pool, p_eager) and not torch.equal(pool[6], t["state"][6])  # committed alike
 

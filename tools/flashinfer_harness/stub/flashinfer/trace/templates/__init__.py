@@ -1,0 +1,1 @@
+"""Harness stand-in for ``flashinfer.trace.templates``: see :mod:`.gdn`."""
