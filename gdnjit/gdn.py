@@ -335,7 +335,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         zero_padding=int(bool(zero_padding)), s_head=s_head, s_row=s_row,
         read_sn=0 if direct else read_idx.stride(0), read_cols=1, parent_sn=0,
         inter_rows=0 if inter is None else inter.shape[0], layer_rows=0, layer_slots=0,
-        gate_sh=A_log.stride(0), dtb_sh=dt_bias.stride(0), min_slot=0,
+        gate_sh=A_log.stride(0), dtb_sh=dt_bias.stride(0), rc_len=0, min_slot=0,
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)
@@ -531,6 +531,11 @@ def replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_
     for name, x in (("intermediate_states_buffer", intermediate_states_buffer), ("ssm_state_indices", ssm_state_indices)):
         if x is not None:
             raise ValueError(f"{name}: not with cache_replayssm (the caches replace the per-token states)")
+    T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
+    for name, x in zip(("replayssm_rawv", "replayssm_rawk", "replayssm_g", "replayssm_beta"), caches):
+        if isinstance(x, torch.Tensor) and x.dim() >= 3 and x.shape[2] != T:  # FlashInfer's layout: T tokens per slot
+            raise ValueError(f"{name}: expected T={T} tokens per slot and head (dim 2, FlashInfer's layout), got shape "
+                             f"{tuple(x.shape)}")
     named = (("q", q), ("k", k), ("v", v), ("a", a), ("b", b), ("A_log", A_log), ("dt_bias", dt_bias),
              ("initial_state", initial_state), ("initial_state_indices", initial_state_indices),
              ("output_state_indices", output_state_indices), ("output", output), ("replayssm_rawv", caches[0]),
@@ -543,7 +548,6 @@ def replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_
     if output_state_indices is not None and isinstance(initial_state_indices, torch.Tensor):
         _check_indices("output_state_indices", output_state_indices, initial_state_indices.shape[0],
                        initial_state_indices.device, like=initial_state_indices)
-    T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
     out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices, update=False,
                       scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
                       zero_padding=output is None)

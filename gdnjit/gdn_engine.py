@@ -69,9 +69,10 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     read_idx ``[N]`` (any stride) or, with ``num_accepted`` (int32 ``[N]``), ``[N, S]`` (unit column stride);
     ssm_idx ``[N, T]``; inter ``[rows, steps, HV, V, K]`` (inner four dims dense); inter_idx ``[N]`` of
     read_idx's dtype; parent int32 ``[N, >= T]`` (unit column stride; needs ``inter``); cu_seqlens int32 ``[N + 1]``.
-    ``replay_cache``: FlashInfer's ReplaySSM caches ``(rawv [slots, HV, T, V], rawk [slots, H, T, K], g [slots, HV,
-    T], beta [slots, HV, T])`` (v / k bf16, g / beta fp32, contiguous; not with ``cu_seqlens``): each
-    token's raw k, v, log decay and beta are stored at the request's read slot. ``zero_padding``: padding rows
+    ``replay_cache``: the ReplaySSM caches ``(rawv [slots, HV, L, V], rawk [slots, H, L, K], g [slots, HV, L],
+    beta [slots, HV, L])`` (v / k bf16, g / beta fp32, contiguous, L >= T: FlashInfer's L == T, SGLang's rings
+    longer): token t of a request (t counted inside it, also with ``cu_seqlens``; t >= L is not stored, as SGLang)
+    has its raw k, v, log decay and beta stored at position t of its read slot (padding rows store nothing). ``zero_padding``: padding rows
     get zero outputs (False: their rows of a given ``output`` are left as they were).
     """
     config = RUNNER.sync()
@@ -108,16 +109,23 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
 
 
 def _replay_caches(caches, slots: int, H: int, HV: int, T: int, K: int, V: int, device):
-    """FlashInfer's ReplaySSM verify caches for a pool of ``slots``: (rawv, rawk, g, beta), checked (raw k and v in
-    bf16 whatever q's dtype, as FlashInfer: fp16 inputs are rounded to bf16 there)."""
+    """The ReplaySSM verify caches for a pool of ``slots``: (rawv, rawk, g, beta), checked (raw k and v in bf16
+    whatever q's dtype, as FlashInfer: fp16 inputs are rounded to bf16 there). Their token dim L (dim 2) holds
+    tokens 0 .. L - 1 of each (slot, head): L >= T (FlashInfer's caches: L == T, checked by its entry point;
+    SGLang's rings are longer)."""
     if not isinstance(caches, (tuple, list)) or len(caches) != 4:
         raise TypeError("replay_cache: expected (replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)")
-    return [_v.dense_buffer(name, x, shape, dtypes, device, "[slots, heads, T, dim]" if len(shape) == 4 else
-                            "[slots, HV, T]", vector=len(shape) == 4)  # g / beta are read one by one
-            for name, x, shape, dtypes in (("replayssm_rawv", caches[0], (slots, HV, T, V), (torch.bfloat16,)),
-                                           ("replayssm_rawk", caches[1], (slots, H, T, K), (torch.bfloat16,)),
-                                           ("replayssm_g", caches[2], (slots, HV, T), (torch.float32,)),
-                                           ("replayssm_beta", caches[3], (slots, HV, T), (torch.float32,)))]
+    _v.tensor("replayssm_rawv", caches[0], 4)
+    L = caches[0].shape[2]
+    if L < T:
+        raise ValueError(f"replayssm_rawv: expected >= T={T} tokens per slot and head (dim 2), got shape "
+                         f"{tuple(caches[0].shape)}")
+    return [_v.dense_buffer(name, x, shape, dtypes, device, "[slots, heads, L >= T, dim]" if len(shape) == 4 else
+                            "[slots, HV, L >= T]", vector=len(shape) == 4)  # g / beta are read one by one
+            for name, x, shape, dtypes in (("replayssm_rawv", caches[0], (slots, HV, L, V), (torch.bfloat16,)),
+                                           ("replayssm_rawk", caches[1], (slots, H, L, K), (torch.bfloat16,)),
+                                           ("replayssm_g", caches[2], (slots, HV, L), (torch.float32,)),
+                                           ("replayssm_beta", caches[3], (slots, HV, L), (torch.float32,)))]
 
 
 def _int32_vector(name: str, x: torch.Tensor, n: int, device) -> None:
@@ -284,8 +292,6 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
     rawv = rawk = g_cache = beta_cache = None
     if replay_cache is not None:
         rawv, rawk, g_cache, beta_cache = _replay_caches(replay_cache, state.shape[0], H, HV, T, K, V, device)
-        if varlen:
-            raise ValueError("replayssm caches: not with cu_seqlens (the caches hold T tokens per slot)")
     zero_padding = _v.boolean("zero_padding", zero_padding)
 
     # --- output -------------------------------------------------------------------------------
@@ -330,7 +336,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
         zero_padding=int(zero_padding), s_head=V * K, s_row=K, read_sn=read_idx.stride(0), read_cols=read_cols,
         parent_sn=0 if parent is None else parent.stride(0), inter_rows=0 if inter is None else inter.shape[0],
         layer_rows=0, layer_slots=0, gate_sh=0 if A_log is None else A_log.stride(0),
-        dtb_sh=0 if dt_bias is None else dt_bias.stride(0), min_slot=0,
+        dtb_sh=0 if dt_bias is None else dt_bias.stride(0), rc_len=0 if rawv is None else rawv.shape[2], min_slot=0,
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=N, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)

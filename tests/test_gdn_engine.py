@@ -118,6 +118,9 @@ ENGINE_CASES = [
     dict(varlen=True, inter_indexed=True, tree=True, inter_dtype="fp32", update=True, padding="zero_state"),
     dict(varlen=True, padding="zero_state"),
     dict(inter_indexed=True, inter_dtype="fp32", update=False, padding="zero_state"),
+    # SGLang's ReplaySSM ring verify (cache_ring): varlen, bounded by cache_steps or not, frozen or updated
+    dict(varlen=True, padding="zero_state", replay_cache=True, update=False),
+    dict(varlen=True, bounded=True, padding="zero_state", replay_cache=True, update=True),
 ]
 
 

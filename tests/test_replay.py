@@ -105,8 +105,13 @@ def _mtp_cache_call(sdt=torch.float32, cache_T=T, **over):
 def test_mtp_cache_call_and_errors():
     _, call = _mtp_cache_call()
     assert call.params["replay_cache"] is True and call.args["rk"] != 0 and call.args["zero_padding"] == 0
-    with pytest.raises(ValueError, match=r"replayssm_rawv: expected shape \[slots, heads, T, dim\]"):
+    with pytest.raises(ValueError, match=r"replayssm_rawv: expected shape \[slots, heads, L >= T, dim\]"):
         _mtp_cache_call(state=torch.zeros(S + 1, HV, V, K))
+    # the engine step's caches may be longer than T (SGLang's rings): rc_len is their token count
+    _, call = _mtp_cache_call(cache_T=T + 3)
+    assert call.args["rc_len"] == T + 3 and call.params == _mtp_cache_call()[1].params
+    with pytest.raises(ValueError, match=f"replayssm_rawv: expected >= T={T} tokens"):
+        _mtp_cache_call(cache_T=T - 1)
 
 
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])

@@ -274,6 +274,11 @@ def test_cpu_mtp_replayssm_verify_caches_through_the_op():
         ops.gated_delta_rule_mtp(t["q"], t["k"], t["v"], p, idx, t["A_log"], t["a"], t["dt_bias"], t["b"],
                                  disable_state_update=False, cache_replayssm=True, replayssm_rawv=rawv,
                                  replayssm_rawk=rawk, replayssm_g=gc, replayssm_beta=bc)
+    longer = torch.zeros(6, 4, 5, 64)  # FlashInfer's caches hold exactly T tokens (SGLang's longer rings: its compat)
+    with pytest.raises(ValueError, match=r"replayssm_g: expected T=3 tokens per slot and head \(dim 2, FlashInfer"):
+        ops.gated_delta_rule_mtp(t["q"], t["k"], t["v"], p, idx, t["A_log"], t["a"], t["dt_bias"], t["b"],
+                                 disable_state_update=True, cache_replayssm=True, replayssm_rawv=rawv,
+                                 replayssm_rawk=rawk, replayssm_g=longer[..., 0], replayssm_beta=bc)
 
 
 def _commit_args(seed=0, L=2, S=6, H=2, HV=4, T=3, K=64, V=64):

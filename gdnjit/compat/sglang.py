@@ -7,9 +7,14 @@ or ``[B, T, HV]``; one slot per request (``initial_state_indices`` ``[N]``; a ne
 runs from a zero state, its outputs and buffer rows are written, the pool is not); ``disable_state_update``;
 ``intermediate_states_buffer`` ``[rows, steps, HV, V, K]`` with ``intermediate_state_indices`` (the buffer row of
 each request, negative: not cached; None: the batch row); EAGLE tree verification with ``retrieve_parent_token``
-``[N, T]`` (token t >= 1 starts from its parent's state as cached in the buffer). Returns the output only.
-Differences (docs/api.md, "SGLang compat"): a tree without a buffer is refused (SGLang ignores the tree then);
-KDA, ``lower_bound``, the ReplaySSM ring and ``match_cutedsl_decode`` are not provided.
+``[N, T]`` (token t >= 1 starts from its parent's state as cached in the buffer); the ReplaySSM ring write
+(``cache_ring=True`` with per-layer rings ``replayssm_rawv [slots, HV, L, V]``, ``replayssm_rawk [slots, H, L, K]``
+(bf16), ``replayssm_g`` / ``replayssm_beta [slots, HV, L]`` (fp32), L >= the draft length: token t of a request
+stores its raw v, k (before the l2norm), log decay and beta at position t of its slot's rings; padding requests and
+tokens t >= L store nothing), which :func:`gdnjit.gated_delta_rule_replayssm_commit` replays. Returns the output only.
+Differences (docs/api.md, "SGLang compat"): a tree without a buffer is refused (SGLang ignores the tree then), as is
+a tree with the ring (SGLang asserts a linear chain there); KDA, ``lower_bound`` and ``match_cutedsl_decode`` are not
+provided.
 """
 
 from __future__ import annotations
@@ -43,8 +48,13 @@ def fused_sigmoid_gating_delta_rule_update(
         raise NotImplementedError("is_kda: KDA (per-channel gates) is not provided by gdnjit")
     if lower_bound is not None:
         raise NotImplementedError("lower_bound: the bounded-decay gate variant is not provided by gdnjit")
-    if cache_ring or any(x is not None for x in (replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)):
-        raise NotImplementedError("cache_ring / replayssm_*: the ReplaySSM ring write is not provided by gdnjit")
+    rings = (replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
+    if not isinstance(cache_ring, bool):
+        raise TypeError(f"cache_ring: expected a bool, got {type(cache_ring).__name__}")
+    if cache_ring and any(x is None for x in rings):
+        raise ValueError("cache_ring: needs replayssm_rawv, replayssm_rawk, replayssm_g and replayssm_beta")
+    if not cache_ring and any(x is not None for x in rings):
+        raise ValueError("replayssm_*: given without cache_ring=True (SGLang writes the rings only then)")
     if match_cutedsl_decode:
         raise NotImplementedError("match_cutedsl_decode: FlashInfer's KDA decode arithmetic is not provided by gdnjit")
     if not isinstance(disable_state_update, (bool, int)) or isinstance(disable_state_update, float):
@@ -83,6 +93,8 @@ def fused_sigmoid_gating_delta_rule_update(
     elif intermediate_state_indices is not None:
         raise ValueError("intermediate_state_indices: needs intermediate_states_buffer")
     parent = _c.int32("retrieve_parent_token", retrieve_parent_token)
+    if parent is not None and cache_ring:
+        raise ValueError("retrieve_parent_token: not with cache_ring (SGLang's ring verify takes a linear draft chain)")
     if parent is not None and buf is None:
         raise ValueError("retrieve_parent_token: tree verification needs intermediate_states_buffer (SGLang ignores "
                          "the tree then; gdnjit refuses rather than verify a chain)")
@@ -98,4 +110,5 @@ def fused_sigmoid_gating_delta_rule_update(
                  inter_idx=inter_idx, parent=parent, bounded=buf is not None or cache_steps is not None, update=update,
                  null_slot="negative", padding="zero_state",
                  gates="raw", scale=_c.scale_of(scale, K), l2norm=use_qk_l2norm_in_kernel,
-                 softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
+                 softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
+                 replay_cache=rings if cache_ring else None)

@@ -31,7 +31,8 @@ def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, 
                      replay_cache=None, dtype=torch.float64) -> EngineReferenceResult:
     """Same arguments as :func:`gdnjit.gdn_engine.engine_step` (``T`` unused but accepted alike); ``output``
     ``[*q.shape[:2], HV, V]`` in ``dtype`` (zeros for skipped requests' and unused rows); ``replay_cache`` (the
-    ReplaySSM caches) receives each computed token's raw v / k, log decay and beta at the read slot."""
+    ReplaySSM caches, ``[slots, heads, L, ..]``) receives each computed token's raw v / k, log decay and beta at the
+    read slot, position t < L (t counted inside the request)."""
     del T, bounded  # bounds the kernel enforces (a trap); the reference computes any length
     lead, H, K = tuple(q.shape[:2]), q.shape[2], q.shape[3]
     HV, V = v.shape[2], v.shape[3]
@@ -88,7 +89,7 @@ def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, 
             kt = kt.repeat_interleave(rep, 0)  # [HV, K]
             g = g_all[row, tok].view(HV, 1, 1)
             beta = beta_all[row, tok].view(HV, 1)
-            if caches is not None and not pad:  # ReplaySSM: raw k / v, log decay and beta at the read slot
+            if caches is not None and not pad and t < caches[0].shape[2]:  # ReplaySSM: raw inputs at the read slot
                 caches[0][slot, :, t] = v[row, tok].to(caches[0].dtype)
                 caches[1][slot, :, t] = k[row, tok].to(caches[1].dtype)
                 caches[2][slot, :, t] = torch.log(g.view(HV)).to(caches[2].dtype)

@@ -79,6 +79,42 @@ def test_sglang_padding_from_zero_state_and_buffer_rows():
     assert torch.equal(buf[:2], torch.full_like(buf[:2], 7.0))  # request 1 has row -1: nothing cached
 
 
+def _rings(slots, L):
+    """SGLang's per-layer ReplaySSM rings (rawv, rawk, g, beta) of L tokens, filled with 7."""
+    return (torch.full((slots, HV, L, V), 7.0, dtype=torch.bfloat16), torch.full((slots, H, L, K), 7.0, dtype=torch.bfloat16),
+            torch.full((slots, HV, L), 7.0), torch.full((slots, HV, L), 7.0))
+
+
+@pytest.mark.parametrize("update", [False, True])
+def test_sglang_cache_ring_stores_each_tokens_raw_inputs(update):
+    """cache_ring: token t of a request stores its raw v, k (before the l2norm), log decay and beta at position t of
+    its slot's rings (rings longer than the draft: the rest untouched); an empty request and a padding row store
+    nothing; outputs and pool as without the rings."""
+    lens, slots = [3, 0, 2, 3], [5, 2, -1, 7]
+    cu = torch.tensor([0, 3, 3, 5, 8], dtype=torch.int32)
+    q, k, v, a, b, A, d, pool = _inp(8, seed=3)
+    idx = torch.tensor(slots, dtype=torch.int32)
+    rings = _rings(12, 5)
+    kw = dict(use_qk_l2norm_in_kernel=True, cu_seqlens=cu, disable_state_update=not update, cache_steps=3)
+    p_ref = pool.clone()
+    o_ref = sglang.fused_sigmoid_gating_delta_rule_update(A, a, d, 1.0, 20.0, q, k, v, b, p_ref, idx, **kw)
+    o = sglang.fused_sigmoid_gating_delta_rule_update(A, a, d, 1.0, 20.0, q, k, v, b, pool, idx, cache_ring=True,
+                                                      replayssm_rawv=rings[0], replayssm_rawk=rings[1],
+                                                      replayssm_g=rings[2], replayssm_beta=rings[3], **kw)
+    assert torch.equal(o, o_ref) and torch.equal(pool, p_ref)
+    g_all = -torch.exp(A) * torch.nn.functional.softplus(a.float() + d)  # [total, HV] log decays
+    written = torch.zeros(12, 5, dtype=torch.bool)
+    for n, (s, length) in enumerate(zip(slots, lens)):
+        for t in range(length if s >= 0 else 0):
+            tok = int(cu[n]) + t
+            written[s, t] = True
+            assert torch.equal(rings[0][s, :, t], v[0, tok]) and torch.equal(rings[1][s, :, t], k[0, tok])
+            assert torch.allclose(rings[2][s, :, t], g_all[tok], rtol=1e-5, atol=1e-6)
+            assert torch.allclose(rings[3][s, :, t], torch.sigmoid(b[tok].float()), rtol=1e-6, atol=1e-7)
+    for x in rings:
+        assert (x.movedim(2, 1)[~written] == 7.0).all()  # [slots, L, ..] positions nobody wrote
+
+
 @pytest.mark.parametrize("call,exc,msg", [
     (lambda x: vllm.fused_sigmoid_gating_delta_rule_update(*x, is_kda=True), NotImplementedError, "is_kda"),
     (lambda x: vllm.fused_sigmoid_gating_delta_rule_update(*x), ValueError, "initial_state: required"),
@@ -99,7 +135,14 @@ def test_vllm_errors(call, exc, msg):
 @pytest.mark.parametrize("kw,exc,msg", [
     (dict(is_kda=True), NotImplementedError, "is_kda"),
     (dict(lower_bound=-5.0), NotImplementedError, "lower_bound"),
-    (dict(cache_ring=True), NotImplementedError, "cache_ring"),
+    (dict(cache_ring=True), ValueError, "cache_ring: needs replayssm_rawv"),
+    (dict(cache_ring=1), TypeError, "cache_ring: expected a bool"),
+    (dict(replayssm_rawv=torch.zeros(12, HV, 1, V)), ValueError, "replayssm_\\*: given without cache_ring"),
+    (dict(cache_ring=True, **dict(zip(("replayssm_rawv", "replayssm_rawk", "replayssm_g", "replayssm_beta"),
+                                      _rings(12, 0)))), ValueError, "replayssm_rawv: expected >= T=1 tokens"),
+    (dict(cache_ring=True, retrieve_parent_token=torch.zeros(4, 1, dtype=torch.int32),
+          **dict(zip(("replayssm_rawv", "replayssm_rawk", "replayssm_g", "replayssm_beta"), _rings(12, 2)))),
+     ValueError, "retrieve_parent_token: not with cache_ring"),
     (dict(match_cutedsl_decode=True), NotImplementedError, "match_cutedsl_decode"),
     (dict(retrieve_parent_token=torch.zeros(4, 1, dtype=torch.int32)), ValueError, "retrieve_parent_token: tree"),
     (dict(intermediate_state_indices=torch.zeros(4, dtype=torch.int32)), ValueError,

@@ -17,6 +17,7 @@ import sys
 import pytest
 import torch
 
+import gdnjit
 from gdnjit.compat import sglang, vllm
 from gdnjit.reference.gdn import gdn_reference
 
@@ -643,3 +644,75 @@ def test_sglang_verify_16_draft_tokens_model_heads(B, sdt):
     torch.cuda.synchronize()
     used = rows.long().to(DEV)
     assert torch.equal(out, first_out) and torch.equal(bufd[used], first_buf[used])
+
+
+@pytest.mark.parametrize("stage", [None, "unstaged"])
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T, update", [(4, False), (8, False), (3, True)])
+def test_sglang_cache_ring_verify_then_commit(T, update, sdt, stage):
+    """SGLang's ReplaySSM ring verify (cache_ring=True, varlen, rings of 2T tokens as per-layer views of a 2-layer
+    pool): outputs against the float64 oracle, each live token's raw v / k bits, log decay and beta at its position
+    of its slot's rings, nothing else written (a padding request, an empty one, positions >= its length); then
+    gdnjit's commit of random accepted prefixes (0..len) from those rings equals the oracle's state after them."""
+    N, layer, L = 7, 1, 2 * T
+    rng = random.Random(T * 100 + update)
+    lens = [T] * N
+    lens[2], lens[4] = 0, rng.randint(1, T)
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(cu[-1], sdt, 70 + T)
+    slots = torch.tensor(rng.sample(range(1, 64), N), dtype=torch.int32)
+    slots[5] = -1  # padding: computed from zeros, nothing stored
+    nan = float("nan")
+    rings = (torch.full((2, 64, HV, L, V), nan, dtype=torch.bfloat16), torch.full((2, 64, H, L, K), nan, dtype=torch.bfloat16),
+             torch.full((2, 64, HV, L), nan), torch.full((2, 64, HV, L), nan))
+    rd = _cuda(*rings)
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    with _staging(stage):
+        o = sglang.fused_sigmoid_gating_delta_rule_update(
+            Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, pd, slots.to(DEV), use_qk_l2norm_in_kernel=True,
+            cu_seqlens=torch.tensor(cu, dtype=torch.int32, device=DEV), disable_state_update=not update,
+            cache_ring=True, replayssm_rawv=rd[0][layer], replayssm_rawk=rd[1][layer], replayssm_g=rd[2][layer],
+            replayssm_beta=rd[3][layer])
+        torch.cuda.synchronize()
+    exp_out = torch.zeros(1, cu[-1], HV, V, dtype=F64)
+    states = {}  # (request, tokens run) -> the oracle's state
+    for n in range(N):
+        S_ = pool[int(slots[n])].double() if slots[n] >= 0 else torch.zeros(HV, V, K, dtype=F64)
+        states[n, 0] = S_
+        for t in range(lens[n]):
+            tok = cu[n] + t
+            exp_out[0, tok], S_ = _token(q[0, tok], k[0, tok], v[0, tok], a[tok], b[tok], A_log, dtb, S_)
+            states[n, t + 1] = S_
+    otol, stol = _tol(sdt)
+    assert _rel(o.cpu().reshape(exp_out.shape), exp_out) < otol
+    got = [x.cpu() for x in rd]
+    written = torch.zeros(2, 64, L, dtype=torch.bool)
+    g_all = -torch.exp(A_log) * torch.nn.functional.softplus(a.float() + dtb)
+    for n in range(N):
+        s = int(slots[n])
+        for t in range(lens[n] if s >= 0 else 0):
+            tok = cu[n] + t
+            written[layer, s, t] = True
+            assert torch.equal(got[0][layer, s, :, t], v[0, tok]) and torch.equal(got[1][layer, s, :, t], k[0, tok])
+            assert torch.allclose(got[2][layer, s, :, t], g_all[tok], rtol=1e-5, atol=1e-5)
+            assert torch.allclose(got[3][layer, s, :, t], torch.sigmoid(b[tok].float()), rtol=1e-5, atol=1e-6)
+    for x in got:
+        assert torch.isnan(x.movedim(3, 2)[~written].float()).all()  # [layers, slots, L, ..]: nothing else written
+    live = [n for n in range(N) if slots[n] >= 0]
+    if update:  # the state after each live request's last token written to its slot
+        assert _rel(pd.cpu()[slots[live].long()], torch.stack([states[n, lens[n]] for n in live])) < stol
+        return
+    assert torch.equal(pd.cpu(), pool)
+    acc = torch.tensor([rng.randint(0, lens[n]) for n in range(N)], dtype=torch.int32)
+    for x in rd:  # layer 0 verified the same tokens: both layers' checkpoints commit alike (one launch for all layers)
+        x[0].copy_(x[layer])
+    ck = torch.stack([pool, pool]).to(DEV)
+    gdnjit.gated_delta_rule_replayssm_commit(ck, *rd, slots.to(DEV), acc.to(DEV))
+    torch.cuda.synchronize()
+    want = torch.stack([states[n, int(acc[n])] for n in live])
+    for lay in range(2):
+        assert _rel(ck[lay].cpu()[slots[live].long()], want) < stol
+    others = [s for s in range(64) if s not in slots[live].tolist()]
+    assert torch.equal(ck.cpu()[:, others], torch.stack([pool, pool])[:, others])
