@@ -154,3 +154,34 @@ def test_sglang_errors(kw, exc, msg):
         sglang.fused_sigmoid_gating_delta_rule_update(A, a, d, 1.0, 20.0, q, k, v, b, pool,
                                                       torch.zeros(4, dtype=torch.int32),
                                                       cu_seqlens=torch.arange(5, dtype=torch.int32), **kw)
+
+
+def test_compat_calls_trace_under_torch_compile():
+    """Both engines' calls under torch.compile(fullgraph=True) (the engine_step custom op; CPU: its reference) give the
+    eager call's outputs, pool and ReplaySSM rings."""
+    import gdnjit.torch_ops  # noqa: F401  (registers the ops)
+
+    q, k, v, a, b, A, d, pool = _inp(8, seed=3)
+    idx = torch.tensor([5, 2, -1, 7], dtype=torch.int32)
+    cu = torch.tensor([0, 3, 3, 5, 8], dtype=torch.int32)
+
+    def sg(pool, r0, r1, r2, r3):
+        return sglang.fused_sigmoid_gating_delta_rule_update(
+            A, a, d, 1.0, 20.0, q, k, v, b, pool, idx, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+            disable_state_update=False, cache_steps=3, cache_ring=True, replayssm_rawv=r0, replayssm_rawk=r1,
+            replayssm_g=r2, replayssm_beta=r3)
+
+    def vl(pool):
+        return vllm.fused_sigmoid_gating_delta_rule_update(
+            A, a[:5], b[:5], d, q[:, :5], k[:, :5], v[:, :5], initial_state=pool,
+            cu_seqlens=torch.tensor([0, 3, 3, 5], dtype=torch.int32),
+            ssm_state_indices=torch.tensor([[1, 2, 3], [4, 5, 6], [7, 0, 9]], dtype=torch.int32),
+            num_accepted_tokens=torch.tensor([3, 1, 1], dtype=torch.int32), use_qk_l2norm_in_kernel=True)[0]
+
+    for fn, extra in ((sg, 4), (vl, 0)):
+        torch._dynamo.reset()
+        eager = [pool.clone(), *(_rings(12, 5)[:extra])]
+        traced = [pool.clone(), *(_rings(12, 5)[:extra])]
+        want = fn(*eager)
+        got = torch.compile(fn, fullgraph=True)(*traced)
+        assert torch.equal(got, want) and all(torch.equal(x, y) for x, y in zip(traced, eager))

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import gdnjit
+import gdnjit.torch_ops  # noqa: F401  (registers the ops)
 from gdnjit.compat import sglang, vllm
 from gdnjit.reference.gdn import gdn_reference
 
@@ -716,3 +717,48 @@ def test_sglang_cache_ring_verify_then_commit(T, update, sdt, stage):
         assert _rel(ck[lay].cpu()[slots[live].long()], want) < stol
     others = [s for s in range(64) if s not in slots[live].tolist()]
     assert torch.equal(ck.cpu()[:, others], torch.stack([pool, pool])[:, others])
+
+
+@pytest.mark.parametrize("how", ["graph", "compile"])
+def test_sglang_cache_ring_captured_and_compiled(how):
+    """SGLang's ring verify then gdnjit's commit, as one step: captured in a CUDA graph (replayed with new drafts
+    copied in) or under torch.compile(fullgraph=True) (the verify runs as the engine_step op), against the same step
+    run eagerly on copies: outputs, rings and committed checkpoints bit for bit."""
+    N, T, L = 24, 4, 8
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, torch.float32, 61)
+    slots = torch.tensor(random.Random(5).sample(range(1, 64), N), dtype=torch.int32)
+    slots[3] = -1
+    acc = torch.tensor([random.Random(6).randint(0, T) for _ in range(N)], dtype=torch.int32)
+    rings = (torch.zeros(1, 64, HV, L, V, dtype=torch.bfloat16), torch.zeros(1, 64, H, L, K, dtype=torch.bfloat16),
+             torch.zeros(1, 64, HV, L), torch.zeros(1, 64, HV, L))
+    bufs = _cuda(q, k, v, a, b, A_log, dtb, pool, slots, acc, torch.arange(0, N * T + 1, T, dtype=torch.int32), *rings)
+    qd, kd, vd, ad, bd, Ad, dd, pd, sd, accd, cud, *rd = bufs
+    ck = pd[None].clone()
+
+    def step(qd, kd, vd, ck, rv, rk, g, beta):
+        o = sglang.fused_sigmoid_gating_delta_rule_update(
+            Ad, ad, dd, 1.0, 20.0, qd, kd, vd, bd, ck[0], sd, use_qk_l2norm_in_kernel=True, cu_seqlens=cud,
+            disable_state_update=True, cache_ring=True, replayssm_rawv=rv[0], replayssm_rawk=rk[0], replayssm_g=g[0],
+            replayssm_beta=beta[0])
+        gdnjit.torch_ops.gated_delta_rule_replayssm_commit(ck, rv, rk, g, beta, sd, accd)
+        return o
+
+    q2, k2, v2, *_ = _cuda(*_inputs(N * T, torch.float32, 62)[:3])
+    if how == "graph":
+        step(qd, kd, vd, ck.clone(), *(x.clone() for x in rd))  # warm-up (compiles) outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step(qd, kd, vd, ck, *rd)
+        for dst, src in ((qd, q2), (kd, k2), (vd, v2)):
+            dst.copy_(src)
+        graph.replay()
+        got = (out, ck, *rd)
+    else:
+        torch._dynamo.reset()
+        got = (torch.compile(step, fullgraph=True)(q2, k2, v2, ck, *rd), ck, *rd)
+    ck_e, rd_e = pd[None].clone(), [torch.zeros_like(x) for x in rd]
+    out_e = step(q2, k2, v2, ck_e, *rd_e)
+    torch.cuda.synchronize()
+    for x, y in zip(got, (out_e, ck_e, *rd_e)):
+        assert torch.equal(x, y)
+    assert not torch.equal(ck_e, pd[None])  # something was committed
