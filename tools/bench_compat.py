@@ -7,6 +7,8 @@ measured twice in alternation, at least 256 / B calls a graph):
   vllm_spec     vLLM spec verify (varlen uniform T, 2-D slot map, accepted counts, per-token writes)
                 vs native gated_delta_rule_mtp(ssm_state_indices=[B, T], initial_state_indices=the accepted column)
   vllm_decode   vLLM decode (varlen 1-token requests, 1-D slots) vs native decode_pretranspose over the pool (T = 1)
+  vllm_packed   vLLM's default decode (fused_recurrent_gated_delta_rule_packed_decode: q / k / v from packed
+                [q | k | v] rows) vs the same native decode_pretranspose (T = 1)
   sglang_verify SGLang target verify (varlen, buffer rows by intermediate_state_indices, disable_state_update)
                 vs native gated_delta_rule_mtp(intermediate_states_buffer, disable_state_update=True)
   sglang_tree   the same with a random EAGLE tree (retrieve_parent_token) vs the native chain verify
@@ -54,8 +56,9 @@ def make_set(B, T, HV, sdt, dev, seed):
     parent = torch.tensor([[0] + [rng.randrange(t) for t in range(1, T)] for _ in range(B)], dtype=torch.int32,
                           device=dev)
     out = torch.empty(B, T, HV, V, device=dev, dtype=bf)
+    mixed = torch.cat([q.flatten(1), k.flatten(1), v.flatten(1)], 1) if T == 1 else None  # the conv output's rows
     return dict(q=q, k=k, v=v, a=a, b=b, A_log=A_log, dtb=dtb, pool=pool, perm=perm, acc=acc, read=read, buf=buf,
-                rows=rows, cu=cu, parent=parent, out=out, B=B, T=T)
+                rows=rows, cu=cu, parent=parent, out=out, mixed=mixed, B=B, T=T)
 
 
 def flat(x, s):
@@ -80,6 +83,13 @@ CALLS = {
             s["A_log"], gates2d(s["a"], s), gates2d(s["b"], s), s["dtb"], flat(s["q"], s), flat(s["k"], s),
             flat(s["v"], s), initial_state=s["pool"], cu_seqlens=s["cu"], ssm_state_indices=s["read"],
             use_qk_l2norm_in_kernel=True),
+        lambda s: gdnjit.gated_delta_rule_decode_pretranspose(
+            s["q"], s["k"], s["v"], None, s["A_log"], s["a"], s["dtb"], s["b"], output=s["out"],
+            initial_state=s["pool"], initial_state_indices=s["read"])),
+    "vllm_packed": (
+        lambda s: vllm.fused_recurrent_gated_delta_rule_packed_decode(
+            s["mixed"], gates2d(s["a"], s), gates2d(s["b"], s), s["A_log"], s["dtb"], K ** -0.5, s["pool"], s["out"],
+            s["read"], use_qk_l2norm_in_kernel=True),
         lambda s: gdnjit.gated_delta_rule_decode_pretranspose(
             s["q"], s["k"], s["v"], None, s["A_log"], s["a"], s["dtb"], s["b"], output=s["out"],
             initial_state=s["pool"], initial_state_indices=s["read"])),
@@ -126,7 +136,7 @@ def main() -> int:
         for sd in args.state:
             sdt = torch.float32 if sd == "fp32" else torch.bfloat16
             for HV in args.hv:
-                for T in ([1] if mode == "vllm_decode" else args.t):
+                for T in ([1] if mode in ("vllm_decode", "vllm_packed") else args.t):
                     for B in args.b:
                         es = 4 if sdt == torch.float32 else 2
                         nbytes = B * HV * V * K * es * (T + 1)

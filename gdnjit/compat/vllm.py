@@ -8,7 +8,9 @@ request, read and written) or 2-D ``[N, S]`` (the state after token t written to
 ``num_accepted_tokens`` the initial state read from column ``num_accepted_tokens[n] - 1``, else column 0);
 slot 0 is vLLM's null block (``null_slot="nonpositive"``: a request whose read slot is <= 0 is skipped, writes to
 slots <= 0 are dropped; pass ``null_slot="negative"`` for releases whose padding slot was -1);
-``inplace_final_state=False`` returns every token's state in a new tensor (row = the token's flat index).
+``inplace_final_state=False`` returns every token's state in a new tensor (row = the token's flat index); and
+vLLM's default non-speculative decode, ``fused_recurrent_gated_delta_rule_packed_decode`` (q / k / v read from the
+conv output's packed rows, outputs into a given ``out``, zeros for null-block requests).
 Differences (docs/api.md, "vLLM compat"): skipped requests' outputs are zeros (vLLM leaves them unwritten);
 with 1-D indices a varlen request of more than one token stops the kernel (a trap; vLLM's kernel writes its token
 t's state to ``indices[n + t]``, another request's slot), and without ``cu_seqlens`` the final state of T tokens is
@@ -26,7 +28,8 @@ from ..gdn import MAX_T
 from . import common as _c
 from .launch import step as _step
 
-__all__ = ["fused_sigmoid_gating_delta_rule_update", "fused_recurrent_gated_delta_rule", "causal_conv1d_update"]
+__all__ = ["fused_sigmoid_gating_delta_rule_update", "fused_recurrent_gated_delta_rule",
+           "fused_recurrent_gated_delta_rule_packed_decode", "causal_conv1d_update"]
 
 
 def fused_sigmoid_gating_delta_rule_update(
@@ -72,6 +75,50 @@ def fused_recurrent_gated_delta_rule(
             else _c.gate_view("beta", beta, lead, q).float())
     return _call(q, k, v, None, g, None, beta, "given", 1.0, 20.0, scale, initial_state, inplace_final_state,
                  cu_seqlens, ssm_state_indices, num_accepted_tokens, use_qk_l2norm_in_kernel, null_slot)
+
+
+def fused_recurrent_gated_delta_rule_packed_decode(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    scale: float, initial_state: torch.Tensor, out: torch.Tensor, ssm_state_indices: torch.Tensor,
+    use_qk_l2norm_in_kernel: bool = False, *, null_slot: str = "nonpositive",
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """vLLM's default non-speculative decode (one token per request, q / k / v read straight from the conv output):
+    ``mixed_qkv [B, 2 H K + HV V]`` laid out ``[q | k | v]`` (unit last-dim stride, any row stride; H inferred from
+    the width), ``a`` / ``b [B, HV]`` (raw gates; softplus beta 1, threshold 20), ``initial_state [slots, HV, V, K]``
+    updated in place at ``ssm_state_indices [B]``; ``out [B, 1, HV, V]`` (contiguous) receives the outputs, zeros
+    for a request whose slot is <= 0 (vLLM's null block; its state untouched). Returns ``(out, initial_state)``."""
+    if not isinstance(mixed_qkv, torch.Tensor) or mixed_qkv.dim() != 2:
+        raise ValueError(f"mixed_qkv: expected a 2-D tensor [B, 2 * H * K + HV * V], got "
+                         f"{tuple(mixed_qkv.shape) if isinstance(mixed_qkv, torch.Tensor) else type(mixed_qkv).__name__}")
+    if mixed_qkv.shape[1] > 1 and mixed_qkv.stride(1) != 1:
+        raise ValueError(f"mixed_qkv: the last dim must be contiguous (stride 1), got strides {mixed_qkv.stride()}")
+    if not isinstance(initial_state, torch.Tensor) or initial_state.dim() != 4:
+        raise ValueError("initial_state: expected a 4-D tensor [slots, HV, V, K]")
+    HV, V, K = initial_state.shape[1:]
+    B = mixed_qkv.shape[0]
+    for name, x in (("a", a), ("b", b)):
+        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, HV):
+            raise ValueError(f"{name}: expected shape [B={B}, HV={HV}], got "
+                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
+    if not isinstance(ssm_state_indices, torch.Tensor) or ssm_state_indices.dim() != 1:
+        raise ValueError("ssm_state_indices: expected a 1-D tensor [B] (packed decode: one slot per request)")
+    qk = mixed_qkv.shape[1] - HV * V
+    if qk <= 0 or qk % (2 * K):
+        raise ValueError(f"mixed_qkv: width {mixed_qkv.shape[1]} is not 2 * H * K + HV * V for K={K}, HV={HV}, V={V}")
+    H = qk // (2 * K)
+    if HV % H:
+        raise ValueError(f"mixed_qkv: the inferred q/k heads H={H} must divide HV={HV}")
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (B, 1, HV, V) or not out.is_contiguous():
+        raise ValueError(f"out: expected a contiguous tensor of shape [{B}, 1, {HV}, {V}], got "
+                         f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}"
+                         f"{'' if not isinstance(out, torch.Tensor) or out.is_contiguous() else ' (strided)'}")
+    q = mixed_qkv[:, :H * K].unflatten(1, (1, H, K))  # [B, 1, H, K] views of the packed rows
+    k = mixed_qkv[:, H * K:2 * H * K].unflatten(1, (1, H, K))
+    v = mixed_qkv[:, 2 * H * K:].unflatten(1, (1, HV, V))
+    _step(q, k, v, A_log, a.unsqueeze(1), dt_bias, b.unsqueeze(1), initial_state, T=1, read_idx=ssm_state_indices,
+          update=True, null_slot=null_slot, padding="skip", gates="raw", scale=_c.scale_of(scale, K),
+          l2norm=use_qk_l2norm_in_kernel, softplus_beta=1.0, softplus_threshold=20.0, output=out, zero_padding=True)
+    return out, initial_state
 
 
 def _call(q, k, v, A_log, a, dt_bias, b, gates, sp_beta, sp_threshold, scale, initial_state, inplace, cu_seqlens,

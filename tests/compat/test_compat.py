@@ -50,6 +50,54 @@ def test_vllm_spec_mapping():
         assert torch.equal(pool[s], p0[s])
 
 
+def test_vllm_packed_decode():
+    """vLLM's default decode: q / k / v read from packed [q | k | v] rows of a wider buffer (row stride honoured),
+    out written (zeros for slot <= 0, the null block), the pool updated in place at each live slot only."""
+    B = 5
+    q, k, v, a, b, A, d, pool = _inp(B, seed=7)
+    buf = torch.zeros(B, 2 * H * K + HV * V + 24, dtype=torch.bfloat16)
+    mixed = buf[:, :2 * H * K + HV * V]
+    mixed.copy_(torch.cat([q[0].flatten(1), k[0].flatten(1), v[0].flatten(1)], 1))
+    idx = torch.tensor([3, 0, 7, 1, -1], dtype=torch.int32)
+    out = torch.full((B, 1, HV, V), 7.0, dtype=torch.bfloat16)
+    p0 = pool.clone()
+    o, st = vllm.fused_recurrent_gated_delta_rule_packed_decode(mixed, a, b, A, d, K ** -0.5, pool, out, idx,
+                                                                use_qk_l2norm_in_kernel=True)
+    assert o is out and st is pool
+    for n, s in enumerate(idx.tolist()):
+        if s <= 0:
+            assert (out[n] == 0).all()
+            continue
+        ot, S = _one(q, k, v, a, b, A, d, p0[s], n)
+        assert torch.allclose(out[n, 0].double(), ot, atol=2e-2, rtol=2e-2)
+        assert torch.allclose(pool[s].double(), S, atol=1e-4, rtol=1e-4)
+    for s in (0, 2, 4, 5, 6, 8, 9, 10, 11):
+        assert torch.equal(pool[s], p0[s])
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(mixed_qkv=torch.zeros(5, 1, 2 * H * K + HV * V)), "mixed_qkv: expected a 2-D tensor"),
+    (dict(mixed_qkv=torch.zeros(2 * H * K + HV * V, 5).t()), "mixed_qkv: the last dim must be contiguous"),
+    (dict(mixed_qkv=torch.zeros(5, 2 * H * K + HV * V + 3)), "mixed_qkv: width"),
+    (dict(mixed_qkv=torch.zeros(5, 6 * K + HV * V)), "mixed_qkv: the inferred q/k heads H=3 must divide HV=4"),
+    (dict(a=torch.zeros(5, HV + 1)), "a: expected shape [B=5, HV=4]"),
+    (dict(ssm_state_indices=torch.zeros(5, 2, dtype=torch.int32)), "ssm_state_indices: expected a 1-D tensor"),
+    (dict(out=torch.zeros(5, HV, V)), "out: expected a contiguous tensor of shape [5, 1, 4, 64]"),
+    (dict(out=torch.zeros(5, 1, V, HV).transpose(2, 3)), "(strided)"),
+    (dict(initial_state=torch.zeros(12, HV, V)), "initial_state: expected a 4-D tensor"),
+])
+def test_vllm_packed_decode_errors(kw, msg):
+    B = 5
+    args = dict(mixed_qkv=torch.zeros(B, 2 * H * K + HV * V, dtype=torch.bfloat16), a=torch.zeros(B, HV),
+                b=torch.zeros(B, HV), A_log=torch.zeros(HV), dt_bias=torch.zeros(HV), scale=0.1,
+                initial_state=torch.zeros(12, HV, V, K), out=torch.zeros(B, 1, HV, V),
+                ssm_state_indices=torch.zeros(B, dtype=torch.int32))
+    args.update(kw)
+    with pytest.raises(ValueError) as e:
+        vllm.fused_recurrent_gated_delta_rule_packed_decode(**args)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
 def test_vllm_not_inplace():
     q, k, v, a, b, A, d, pool = _inp(4)
     p0 = pool.clone()
