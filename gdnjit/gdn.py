@@ -335,7 +335,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         zero_padding=int(bool(zero_padding)), s_head=s_head, s_row=s_row,
         read_sn=0 if direct else read_idx.stride(0), read_cols=1, parent_sn=0,
         inter_rows=0 if inter is None else inter.shape[0], layer_rows=0, layer_slots=0,
-        gate_sh=A_log.stride(0), dtb_sh=dt_bias.stride(0), rc_len=0, min_slot=0,
+        gate_sh=A_log.stride(0), dtb_sh=dt_bias.stride(0), beta_round=0, rc_len=0, min_slot=0,
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)

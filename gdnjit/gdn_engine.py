@@ -57,7 +57,7 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
                 padding: str = "skip", gates: str = "raw", scale: Optional[float] = None, l2norm: bool = True,
                 softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
                 output: Optional[torch.Tensor] = None, replay_cache: Optional[tuple] = None,
-                zero_padding: bool = True) -> torch.Tensor:
+                zero_padding: bool = True, round_beta: bool = False) -> torch.Tensor:
     """One GDN step over a state pool under an engine's conventions (module docstring); returns the output
     ``[*q.shape[:2], HV, V]`` (``output`` if given, else a new tensor of q's dtype).
 
@@ -73,7 +73,8 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     beta [slots, HV, L])`` (v / k bf16, g / beta fp32, contiguous, L >= T: FlashInfer's L == T, SGLang's rings
     longer): token t of a request (t counted inside it, also with ``cu_seqlens``; t >= L is not stored, as SGLang)
     has its raw k, v, log decay and beta stored at position t of its read slot (padding rows store nothing). ``zero_padding``: padding rows
-    get zero outputs (False: their rows of a given ``output`` are left as they were).
+    get zero outputs (False: their rows of a given ``output`` are left as they were). ``round_beta``: raw gates'
+    beta = sigmoid(b) rounded to q's dtype before use (SGLang's packed decode; T = 1 only); False: fp32.
     """
     config = RUNNER.sync()
     rc = replay_cache if isinstance(replay_cache, tuple) and len(replay_cache) == 4 else (None,) * 4
@@ -82,7 +83,7 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     try:
         sig = (tuple(_sig(x) for x in tensors), T, bounded, type(bounded), update, type(update), null_slot, padding,
                gates, scale, type(scale), zero_padding, type(zero_padding), replay_cache is None,
-               l2norm, type(l2norm), softplus_beta, softplus_threshold,
+               l2norm, type(l2norm), softplus_beta, softplus_threshold, round_beta, type(round_beta),
                (q.data_ptr() | k.data_ptr() | state.data_ptr() | _ptr(inter)) & 15)
         hit = _memo.get(sig)
     except (AttributeError, TypeError, RuntimeError):  # a non-tensor argument: the checks below report it
@@ -91,7 +92,8 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
         output, call = _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx,
                                 inter, inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm,
                                 softplus_beta,
-                                softplus_threshold, output, replay_cache=replay_cache, zero_padding=zero_padding)
+                                softplus_threshold, output, replay_cache=replay_cache, zero_padding=zero_padding,
+                                round_beta=round_beta)
         if call is None:
             return output
         bound, dev = RUNNER.bind(call, _POINTERS), call.device
@@ -139,7 +141,7 @@ def _int32_vector(name: str, x: torch.Tensor, n: int, device) -> None:
 
 def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx,
              parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta, softplus_threshold, output,
-             require_cuda: bool = True, replay_cache=None, zero_padding: bool = True):
+             require_cuda: bool = True, replay_cache=None, zero_padding: bool = True, round_beta: bool = False):
     """Every check; (output, KernelCall or None when there is no request). ``require_cuda=False``: CPU tests."""
     (_v.cuda_tensor if require_cuda else _v.tensor)("q", q, 4)
     _v.dtype_in("q", q, _IN_DTYPES)
@@ -293,6 +295,9 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
     if replay_cache is not None:
         rawv, rawk, g_cache, beta_cache = _replay_caches(replay_cache, state.shape[0], H, HV, T, K, V, device)
     zero_padding = _v.boolean("zero_padding", zero_padding)
+    if _v.boolean("round_beta", round_beta) and (gates != "raw" or T != 1):
+        raise ValueError(f"round_beta: only for one-token steps with raw gates (SGLang's packed decode), got T={T}, "
+                         f"gates={gates!r}")
 
     # --- output -------------------------------------------------------------------------------
     out_shape = (*lead, HV, V)
@@ -336,7 +341,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
         zero_padding=int(zero_padding), s_head=V * K, s_row=K, read_sn=read_idx.stride(0), read_cols=read_cols,
         parent_sn=0 if parent is None else parent.stride(0), inter_rows=0 if inter is None else inter.shape[0],
         layer_rows=0, layer_slots=0, gate_sh=0 if A_log is None else A_log.stride(0),
-        dtb_sh=0 if dt_bias is None else dt_bias.stride(0), rc_len=0 if rawv is None else rawv.shape[2], min_slot=0,
+        dtb_sh=0 if dt_bias is None else dt_bias.stride(0), beta_round=int(round_beta), rc_len=0 if rawv is None else rawv.shape[2], min_slot=0,
     )
     call = KernelCall(get_spec("gdn"), params, dict(B=N, H=H, HV=HV), args, dev,
                       pdl=uses_pdl(dev) if require_cuda else False)

@@ -190,7 +190,7 @@ def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, stat
         a_sn=HV * T, a_st=1, a_sh=T, b_sn=HV * T, b_st=1, b_sh=T, o_sn=0, o_st=0, o_sh=0, inter_sn=0, ssm_sn=0,
         ssm_st=0, B=L * B, H=H, HV=HV, scale=1.0, softplus_beta=1.0, softplus_threshold=20.0, zero_padding=0,
         s_head=V * K, s_row=K, read_sn=1, read_cols=1, parent_sn=0, inter_rows=0, layer_rows=B, layer_slots=S,
-        gate_sh=0, dtb_sh=0, rc_len=0, min_slot=null_block_id + 1,
+        gate_sh=0, dtb_sh=0, beta_round=0, rc_len=0, min_slot=null_block_id + 1,
     )
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
     return KernelCall(get_spec("gdn"), params, dict(B=L * B, H=H, HV=HV), args, dev,

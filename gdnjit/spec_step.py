@@ -327,7 +327,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
         scale=scale, softplus_beta=float(softplus_beta), softplus_threshold=float(softplus_threshold), zero_padding=int(zero_padding),
         s_head=V * K, s_row=K, read_sn=state_indices.stride(0), read_cols=1, parent_sn=0, inter_rows=0, layer_rows=0,
         layer_slots=0, gate_sh=0 if A_log is None else A_log.stride(0), dtb_sh=0 if dt_bias is None else dt_bias.stride(0),
-        rc_len=0, min_slot=null_block_id + 1,
+        beta_round=0, rc_len=0, min_slot=null_block_id + 1,
     )
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
     return output, KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,

@@ -42,7 +42,7 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
         Tensor(b!)? inter, Tensor? inter_idx, Tensor? parent, bool bounded, bool update, str null_slot, str padding,
         str gates, float? scale, bool l2norm, float softplus_beta, float softplus_threshold,
         Tensor(c!) output, Tensor(d!)? rawv, Tensor(e!)? rawk, Tensor(f!)? g_cache, Tensor(g!)? beta_cache,
-        bool zero_padding) -> ()
+        bool zero_padding, bool round_beta) -> ()
     spec_step(Tensor q, Tensor k, Tensor v, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor(a!) state,
         Tensor state_indices, Tensor num_accepted, Tensor(b!) cache_k, Tensor(c!) cache_v, Tensor(d!) cache_g,
         Tensor(e!) cache_beta, Tensor(f!) cache_ctl, float? scale, bool use_qk_l2norm, float softplus_beta,
@@ -138,7 +138,7 @@ SCHEMAS = (
     "Tensor read_idx, Tensor? cu_seqlens, Tensor? num_accepted, Tensor? ssm_idx, Tensor(b!)? inter, "
     "Tensor? inter_idx, Tensor? parent, bool bounded, bool update, str null_slot, str padding, str gates, float? scale, "
     "bool l2norm, float softplus_beta, float softplus_threshold, Tensor(c!) output, Tensor(d!)? rawv, "
-    "Tensor(e!)? rawk, Tensor(f!)? g_cache, Tensor(g!)? beta_cache, bool zero_padding) -> ()",
+    "Tensor(e!)? rawk, Tensor(f!)? g_cache, Tensor(g!)? beta_cache, bool zero_padding, bool round_beta) -> ()",
     "(Tensor q, Tensor k, Tensor v, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor(a!) state, "
     "Tensor state_indices, Tensor num_accepted, Tensor(b!) cache_k, Tensor(c!) cache_v, Tensor(d!) cache_g, "
     "Tensor(e!) cache_beta, Tensor(f!) cache_ctl, float? scale, bool use_qk_l2norm, float softplus_beta, "
@@ -455,7 +455,7 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
                          schema=SCHEMAS[6])
 def _engine_op(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter,
                inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta,
-               softplus_threshold, output, rawv, rawk, g_cache, beta_cache, zero_padding) -> None:
+               softplus_threshold, output, rawv, rawk, g_cache, beta_cache, zero_padding, round_beta) -> None:
     caches = None if rawv is None else (rawv, rawk, g_cache, beta_cache)
     kw = dict(T=T, read_idx=read_idx, cu_seqlens=cu_seqlens, num_accepted=num_accepted, ssm_idx=ssm_idx, inter=inter,
               inter_idx=inter_idx, parent=parent, bounded=bounded, update=update, null_slot=null_slot, padding=padding,
@@ -463,12 +463,14 @@ def _engine_op(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, nu
               scale=scale, l2norm=l2norm, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold)
     if q.device.type != "cpu":
         _engine.engine_step(q, k, v, A_log, a, dt_bias, b, state, output=output, replay_cache=caches,
-                            zero_padding=zero_padding, **kw)
+                            zero_padding=zero_padding, round_beta=round_beta, **kw)
         return
     _engine._prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter,
                      inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta,
-                     softplus_threshold, output, require_cuda=False, replay_cache=caches, zero_padding=zero_padding)
-    ref = engine_reference(q, k, v, A_log, a, dt_bias, b, state, dtype=torch.float32, replay_cache=caches, **kw)
+                     softplus_threshold, output, require_cuda=False, replay_cache=caches, zero_padding=zero_padding,
+                     round_beta=round_beta)
+    ref = engine_reference(q, k, v, A_log, a, dt_bias, b, state, dtype=torch.float32, replay_cache=caches,
+                           round_beta=round_beta, **kw)
     if zero_padding:
         output.copy_(ref.output)
     else:  # a skipped request's output rows keep their values
@@ -484,21 +486,22 @@ def _engine_op(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, nu
 @_engine_op.register_fake
 def _(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx, parent,
       bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta, softplus_threshold, output, rawv, rawk,
-      g_cache, beta_cache, zero_padding) -> None:
+      g_cache, beta_cache, zero_padding, round_beta) -> None:
     return None
 
 
 def engine_step(q, k, v, A_log, a, dt_bias, b, state, *, T, read_idx, cu_seqlens=None, num_accepted=None,
                 ssm_idx=None, inter=None, inter_idx=None, parent=None, bounded=False, update=True, null_slot="negative",
                 padding="skip", gates="raw", scale=None, l2norm=True, softplus_beta=1.0, softplus_threshold=20.0,
-                output=None, replay_cache=None, zero_padding=True) -> torch.Tensor:
+                output=None, replay_cache=None, zero_padding=True, round_beta=False) -> torch.Tensor:
     """:func:`gdnjit.gdn_engine.engine_step` through ``torch.ops.gdnjit``; returns the output."""
     if output is None:
         output = torch.empty((*q.shape[:2], v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
     torch.ops.gdnjit.engine_step(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx,
                                  inter, inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm,
                                  float(softplus_beta), float(softplus_threshold), output,
-                                 *(replay_cache if replay_cache is not None else (None,) * 4), zero_padding)
+                                 *(replay_cache if replay_cache is not None else (None,) * 4), zero_padding,
+                                 round_beta)
     return output
 
 

@@ -151,3 +151,18 @@ def test_engine_variants_compile_without_spills(case):
                 assert tun["form"] == "recurrent"  # the CTA kernel or the pipelined one (gdn.yaml's engine constraint)
                 meta = v.build().meta
                 assert meta["spill_bytes"] == 0 and meta["stack_bytes"] == 0 and not meta["warnings"], (p, tun, meta)
+
+
+def test_round_beta_only_for_one_token_raw_gates():
+    """round_beta (SGLang's packed decode: beta rounded to the input dtype) is a kernel argument compiled into the
+    one-token variants only, so a multi-token or given-gates call asking for it is refused, not silently unrounded."""
+    from gdnjit.gdn_engine import _prepare as engine_prepare
+
+    d = _args(N=3, T=1, varlen=False)
+    d.update(read_idx=torch.arange(3, dtype=torch.int32), num_accepted=None)
+    _, call = engine_prepare(*d.values(), require_cuda=False, round_beta=True)
+    assert call.args["beta_round"] == 1 and call.params["T"] == 1
+    with pytest.raises(ValueError, match="round_beta: only for one-token steps with raw gates"):
+        engine_prepare(*_args(N=3, T=4).values(), require_cuda=False, round_beta=True)
+    with pytest.raises(TypeError, match="round_beta: expected a bool"):
+        engine_prepare(*d.values(), require_cuda=False, round_beta=1)

@@ -9,6 +9,7 @@ measured twice in alternation, at least 256 / B calls a graph):
   vllm_decode   vLLM decode (varlen 1-token requests, 1-D slots) vs native decode_pretranspose over the pool (T = 1)
   vllm_packed   vLLM's default decode (fused_recurrent_gated_delta_rule_packed_decode: q / k / v from packed
                 [q | k | v] rows) vs the same native decode_pretranspose (T = 1)
+  sglang_packed SGLang's default decode (the same packed call, beta rounded to bf16) vs the same native decode
   sglang_verify SGLang target verify (varlen, buffer rows by intermediate_state_indices, disable_state_update)
                 vs native gated_delta_rule_mtp(intermediate_states_buffer, disable_state_update=True)
   sglang_tree   the same with a random EAGLE tree (retrieve_parent_token) vs the native chain verify
@@ -93,6 +94,13 @@ CALLS = {
         lambda s: gdnjit.gated_delta_rule_decode_pretranspose(
             s["q"], s["k"], s["v"], None, s["A_log"], s["a"], s["dtb"], s["b"], output=s["out"],
             initial_state=s["pool"], initial_state_indices=s["read"])),
+    "sglang_packed": (
+        lambda s: sglang.fused_recurrent_gated_delta_rule_packed_decode(
+            s["mixed"], gates2d(s["a"], s), gates2d(s["b"], s), s["A_log"], s["dtb"], K ** -0.5, s["pool"], s["out"],
+            s["read"], use_qk_l2norm_in_kernel=True),
+        lambda s: gdnjit.gated_delta_rule_decode_pretranspose(
+            s["q"], s["k"], s["v"], None, s["A_log"], s["a"], s["dtb"], s["b"], output=s["out"],
+            initial_state=s["pool"], initial_state_indices=s["read"])),
     "sglang_verify": (
         lambda s: sglang.fused_sigmoid_gating_delta_rule_update(
             s["A_log"], gates2d(s["a"], s), s["dtb"], 1.0, 20.0, flat(s["q"], s), flat(s["k"], s), flat(s["v"], s),
@@ -136,7 +144,7 @@ def main() -> int:
         for sd in args.state:
             sdt = torch.float32 if sd == "fp32" else torch.bfloat16
             for HV in args.hv:
-                for T in ([1] if mode in ("vllm_decode", "vllm_packed") else args.t):
+                for T in ([1] if mode in ("vllm_decode", "vllm_packed", "sglang_packed") else args.t):
                     for B in args.b:
                         es = 4 if sdt == torch.float32 else 2
                         nbytes = B * HV * V * K * es * (T + 1)

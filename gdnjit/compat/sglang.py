@@ -12,6 +12,8 @@ each request, negative: not cached; None: the batch row); EAGLE tree verificatio
 (bf16), ``replayssm_g`` / ``replayssm_beta [slots, HV, L]`` (fp32), L >= the draft length: token t of a request
 stores its raw v, k (before the l2norm), log decay and beta at position t of its slot's rings; padding requests and
 tokens t >= L store nothing), which :func:`gdnjit.gated_delta_rule_replayssm_commit` replays. Returns the output only.
+Also SGLang's default CUDA decode, ``fused_recurrent_gated_delta_rule_packed_decode`` (vLLM's signature; a slot < 0
+is padding, and beta is rounded to b's dtype before use, as SGLang's copy of the kernel does).
 Differences (docs/api.md, "SGLang compat"): a tree without a buffer is refused (SGLang ignores the tree then), as is
 a tree with the ring (SGLang asserts a linear chain there); KDA, ``lower_bound`` and ``match_cutedsl_decode`` are not
 provided.
@@ -19,7 +21,7 @@ provided.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 
@@ -27,7 +29,7 @@ from ..gdn import MAX_T
 from . import common as _c
 from .launch import step as _step
 
-__all__ = ["fused_sigmoid_gating_delta_rule_update"]
+__all__ = ["fused_sigmoid_gating_delta_rule_update", "fused_recurrent_gated_delta_rule_packed_decode"]
 
 
 def fused_sigmoid_gating_delta_rule_update(
@@ -112,3 +114,17 @@ def fused_sigmoid_gating_delta_rule_update(
                  gates="raw", scale=_c.scale_of(scale, K), l2norm=use_qk_l2norm_in_kernel,
                  softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
                  replay_cache=rings if cache_ring else None)
+
+
+def fused_recurrent_gated_delta_rule_packed_decode(
+    mixed_qkv: torch.Tensor, a: torch.Tensor, b: torch.Tensor, A_log: torch.Tensor, dt_bias: torch.Tensor,
+    scale: float, initial_state: torch.Tensor, out: torch.Tensor, ssm_state_indices: torch.Tensor,
+    use_qk_l2norm_in_kernel: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """SGLang's default CUDA decode (``sglang/kernels/ops/attention/fla/fused_recurrent.py``; the signature of vLLM's
+    :func:`gdnjit.compat.vllm.fused_recurrent_gated_delta_rule_packed_decode`): one token per request, q / k / v
+    from the conv output's packed ``[q | k | v]`` rows, ``out [B, 1, HV, V]`` written (zeros for a request whose slot
+    is < 0, SGLang's padding; slot 0 is a real slot), the pool updated in place; beta = sigmoid(b) rounded to b's
+    dtype before use, as SGLang's kernel does. Returns ``(out, initial_state)``."""
+    return _c.packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                            use_qk_l2norm_in_kernel, "negative", round_beta=True)

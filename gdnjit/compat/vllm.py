@@ -87,38 +87,8 @@ def fused_recurrent_gated_delta_rule_packed_decode(
     the width), ``a`` / ``b [B, HV]`` (raw gates; softplus beta 1, threshold 20), ``initial_state [slots, HV, V, K]``
     updated in place at ``ssm_state_indices [B]``; ``out [B, 1, HV, V]`` (contiguous) receives the outputs, zeros
     for a request whose slot is <= 0 (vLLM's null block; its state untouched). Returns ``(out, initial_state)``."""
-    if not isinstance(mixed_qkv, torch.Tensor) or mixed_qkv.dim() != 2:
-        raise ValueError(f"mixed_qkv: expected a 2-D tensor [B, 2 * H * K + HV * V], got "
-                         f"{tuple(mixed_qkv.shape) if isinstance(mixed_qkv, torch.Tensor) else type(mixed_qkv).__name__}")
-    if mixed_qkv.shape[1] > 1 and mixed_qkv.stride(1) != 1:
-        raise ValueError(f"mixed_qkv: the last dim must be contiguous (stride 1), got strides {mixed_qkv.stride()}")
-    if not isinstance(initial_state, torch.Tensor) or initial_state.dim() != 4:
-        raise ValueError("initial_state: expected a 4-D tensor [slots, HV, V, K]")
-    HV, V, K = initial_state.shape[1:]
-    B = mixed_qkv.shape[0]
-    for name, x in (("a", a), ("b", b)):
-        if not isinstance(x, torch.Tensor) or tuple(x.shape) != (B, HV):
-            raise ValueError(f"{name}: expected shape [B={B}, HV={HV}], got "
-                             f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}")
-    if not isinstance(ssm_state_indices, torch.Tensor) or ssm_state_indices.dim() != 1:
-        raise ValueError("ssm_state_indices: expected a 1-D tensor [B] (packed decode: one slot per request)")
-    qk = mixed_qkv.shape[1] - HV * V
-    if qk <= 0 or qk % (2 * K):
-        raise ValueError(f"mixed_qkv: width {mixed_qkv.shape[1]} is not 2 * H * K + HV * V for K={K}, HV={HV}, V={V}")
-    H = qk // (2 * K)
-    if HV % H:
-        raise ValueError(f"mixed_qkv: the inferred q/k heads H={H} must divide HV={HV}")
-    if not isinstance(out, torch.Tensor) or tuple(out.shape) != (B, 1, HV, V) or not out.is_contiguous():
-        raise ValueError(f"out: expected a contiguous tensor of shape [{B}, 1, {HV}, {V}], got "
-                         f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}"
-                         f"{'' if not isinstance(out, torch.Tensor) or out.is_contiguous() else ' (strided)'}")
-    q = mixed_qkv[:, :H * K].unflatten(1, (1, H, K))  # [B, 1, H, K] views of the packed rows
-    k = mixed_qkv[:, H * K:2 * H * K].unflatten(1, (1, H, K))
-    v = mixed_qkv[:, 2 * H * K:].unflatten(1, (1, HV, V))
-    _step(q, k, v, A_log, a.unsqueeze(1), dt_bias, b.unsqueeze(1), initial_state, T=1, read_idx=ssm_state_indices,
-          update=True, null_slot=null_slot, padding="skip", gates="raw", scale=_c.scale_of(scale, K),
-          l2norm=use_qk_l2norm_in_kernel, softplus_beta=1.0, softplus_threshold=20.0, output=out, zero_padding=True)
-    return out, initial_state
+    return _c.packed_decode(mixed_qkv, a, b, A_log, dt_bias, scale, initial_state, out, ssm_state_indices,
+                            use_qk_l2norm_in_kernel, null_slot, round_beta=False)
 
 
 def _call(q, k, v, A_log, a, dt_bias, b, gates, sp_beta, sp_threshold, scale, initial_state, inplace, cu_seqlens,

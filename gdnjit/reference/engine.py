@@ -28,11 +28,11 @@ def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, 
                      num_accepted=None, ssm_idx=None, inter=None, inter_idx=None, parent=None, bounded: bool = False,
                      update: bool = True, null_slot: str = "negative", padding: str = "skip", gates: str = "raw",
                      scale=None, l2norm: bool = True, softplus_beta: float = 1.0, softplus_threshold: float = 20.0,
-                     replay_cache=None, dtype=torch.float64) -> EngineReferenceResult:
+                     replay_cache=None, round_beta: bool = False, dtype=torch.float64) -> EngineReferenceResult:
     """Same arguments as :func:`gdnjit.gdn_engine.engine_step` (``T`` unused but accepted alike); ``output``
     ``[*q.shape[:2], HV, V]`` in ``dtype`` (zeros for skipped requests' and unused rows); ``replay_cache`` (the
     ReplaySSM caches, ``[slots, heads, L, ..]``) receives each computed token's raw v / k, log decay and beta at the
-    read slot, position t < L (t counted inside the request)."""
+    read slot, position t < L (t counted inside the request); ``round_beta``: beta rounded to q's dtype first."""
     del T, bounded  # bounds the kernel enforces (a trap); the reference computes any length
     lead, H, K = tuple(q.shape[:2]), q.shape[2], q.shape[3]
     HV, V = v.shape[2], v.shape[3]
@@ -43,6 +43,8 @@ def engine_reference(q, k, v, A_log, a, dt_bias, b, state, *, T: int, read_idx, 
         f, (q, k, v, a, b, state, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx, parent))
     if gates == "raw":
         g_all, beta_all = _gates(a, b, f(A_log), f(dt_bias), softplus_beta, softplus_threshold, dtype)
+        if round_beta:  # SGLang's packed decode: beta rounded to the input dtype before use
+            beta_all = beta_all.to(q.dtype).to(dtype)
     else:
         g_all, beta_all = torch.exp(a.to(dtype)), b.to(dtype)
     out = torch.zeros((*lead, HV, V), dtype=dtype)

@@ -75,6 +75,30 @@ def test_vllm_packed_decode():
         assert torch.equal(pool[s], p0[s])
 
 
+def test_sglang_packed_decode_rounds_beta_and_pads_negative_slots():
+    """SGLang's packed decode: vLLM's signature, but slot 0 is live and a slot < 0 is padding (zeros out, no
+    write), and beta = sigmoid(b) rounded to b's dtype before use (its kernel's cast): the state matches an oracle
+    with the rounded beta and not one without it."""
+    B = 4
+    q, k, v, a, b, A, d, pool = _inp(B, seed=9)
+    mixed = torch.cat([q[0].flatten(1), k[0].flatten(1), v[0].flatten(1)], 1)
+    idx = torch.tensor([0, -1, 6, 2], dtype=torch.int32)
+    out = torch.full((B, 1, HV, V), 7.0, dtype=torch.bfloat16)
+    p0 = pool.clone()
+    sglang.fused_recurrent_gated_delta_rule_packed_decode(mixed, a, b, A, d, K ** -0.5, pool, out, idx,
+                                                          use_qk_l2norm_in_kernel=True)
+    b_rounded = torch.logit(torch.sigmoid(b.float()).to(torch.bfloat16).double())  # sigmoid() of it: the rounded beta
+    assert (out[1] == 0).all()
+    for n, s in ((0, 0), (2, 6), (3, 2)):
+        ot, S = _one(q, k, v, a, b_rounded, A, d, p0[s], n)
+        _, S_plain = _one(q, k, v, a, b, A, d, p0[s], n)
+        assert torch.allclose(out[n, 0].double(), ot, atol=2e-2, rtol=2e-2)
+        assert torch.allclose(pool[s].double(), S, atol=2e-5, rtol=1e-4)
+        assert (pool[s].double() - S_plain).abs().max() > 1e-4  # the rounding is visible in the state
+    for s in (1, 3, 4, 5, 7, 8, 9, 10, 11):
+        assert torch.equal(pool[s], p0[s])
+
+
 @pytest.mark.parametrize("kw,msg", [
     (dict(mixed_qkv=torch.zeros(5, 1, 2 * H * K + HV * V)), "mixed_qkv: expected a 2-D tensor"),
     (dict(mixed_qkv=torch.zeros(2 * H * K + HV * V, 5).t()), "mixed_qkv: the last dim must be contiguous"),

@@ -241,12 +241,15 @@ def test_vllm_decode_1d_strided_indices_null_block(sdt):
     assert torch.equal(pd.cpu()[0], pool[0])
 
 
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("N", [1, 37, 60])
-def test_vllm_packed_decode(N, sdt):
-    """vLLM's default non-spec decode (fused_recurrent_gated_delta_rule_packed_decode): q / k / v read from the conv
-    output's packed rows (inside a wider buffer: its row stride), out written (zeros for the null block 0 and a -1),
-    the pool updated at live slots only; then the call captured in a CUDA graph replays new inputs to the eager bits."""
+def test_packed_decode(N, sdt, engine):
+    """The engines' default non-spec decode (fused_recurrent_gated_delta_rule_packed_decode): q / k / v read from the
+    conv output's packed rows (inside a wider buffer: its row stride), out written (zeros for padding: vLLM's null
+    block 0 and a -1; SGLang's -1, its slot 0 live), the pool updated at live slots only; SGLang's beta rounded to
+    bf16 first (the oracle too); then the call captured in a CUDA graph replays new inputs to the eager bits."""
+    fn = (vllm if engine == "vllm" else sglang).fused_recurrent_gated_delta_rule_packed_decode
     rng = random.Random(N)
     q, k, v, a, b, A_log, dtb, pool = _inputs(N, sdt, 90 + N)
     width = 2 * H * K + HV * V
@@ -255,36 +258,36 @@ def test_vllm_packed_decode(N, sdt):
     slots = torch.tensor(rng.sample(range(1, 64), N), dtype=torch.int32)
     if N > 1:
         slots[1], slots[N // 2] = 0, -1
+    live = (slots > 0) if engine == "vllm" else (slots >= 0)
+    b_oracle = b if engine == "vllm" else torch.logit(torch.sigmoid(b.float()).to(torch.bfloat16).double())
     bufd, ad, bd, Ad, dd, pd, sd = _cuda(buf, a, b, A_log, dtb, pool, slots)
     out = torch.full((N, 1, HV, V), float("nan"), dtype=torch.bfloat16, device=DEV)
-    o, st = vllm.fused_recurrent_gated_delta_rule_packed_decode(bufd[:, :width], ad, bd, Ad, dd, K ** -0.5, pd, out, sd,
-                                                                use_qk_l2norm_in_kernel=True)
+    o, st = fn(bufd[:, :width], ad, bd, Ad, dd, K ** -0.5, pd, out, sd, use_qk_l2norm_in_kernel=True)
     torch.cuda.synchronize()
     assert o is out and st is pd
     exp_out = torch.zeros(N, 1, HV, V, dtype=F64)
     exp_pool = pool.double().clone()
     for n in range(N):
         s = int(slots[n])
-        if s > 0:
-            exp_out[n, 0], exp_pool[s] = _token(q[0, n], k[0, n], v[0, n], a[n], b[n], A_log, dtb, pool[s])
+        if live[n]:
+            exp_out[n, 0], exp_pool[s] = _token(q[0, n], k[0, n], v[0, n], a[n], b_oracle[n], A_log, dtb, pool[s])
     otol, stol = _tol(sdt)
-    assert _rel(out.cpu(), exp_out) < otol and torch.equal(out.cpu()[slots <= 0], exp_out[slots <= 0].to(out.dtype))
+    assert _rel(out.cpu(), exp_out) < otol and (out.cpu()[~live] == 0).all()
     assert _rel(pd.cpu(), exp_pool) < stol
-    untouched = [s for s in range(64) if s not in slots.tolist() or s == 0]
+    written = set(slots[live].tolist())
+    untouched = [s for s in range(64) if s not in written]
     assert torch.equal(pd.cpu()[untouched], pool[untouched])
 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        vllm.fused_recurrent_gated_delta_rule_packed_decode(bufd[:, :width], ad, bd, Ad, dd, K ** -0.5, pd, out, sd,
-                                                            use_qk_l2norm_in_kernel=True)
+        fn(bufd[:, :width], ad, bd, Ad, dd, K ** -0.5, pd, out, sd, use_qk_l2norm_in_kernel=True)
     bufd.normal_()
     ad.normal_()
     pool_before = pd.clone()
     graph.replay()
     want_pool = pool_before.clone()
     want = torch.empty_like(out)
-    vllm.fused_recurrent_gated_delta_rule_packed_decode(bufd[:, :width].clone(), ad, bd, Ad, dd, K ** -0.5, want_pool,
-                                                        want, sd, use_qk_l2norm_in_kernel=True)
+    fn(bufd[:, :width].clone(), ad, bd, Ad, dd, K ** -0.5, want_pool, want, sd, use_qk_l2norm_in_kernel=True)
     torch.cuda.synchronize()
     assert torch.equal(out, want) and torch.equal(pd, want_pool)
 
