@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import string
 from pathlib import Path
 from collections.abc import Mapping
@@ -635,6 +636,9 @@ def _satisfied_by_tunables(c: Constraint, contexts: list[dict[str, Any]]) -> boo
     return True
 
 
+_MAX_FALLBACK_COMBOS = 4096
+
+
 def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
     """Every combination of the params the constraints read must have a valid rule without ``when``,
     so dispatch can never come up empty."""
@@ -657,6 +661,11 @@ def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
                 todo.extend(_expr.names_in(derived[n]))
     pnames = [n for n, _ in spec.params if n in used]
     pvals = [dict(spec.params)[n] for n in pnames]
+    combos = math.prod(len(v) for v in pvals)
+    if combos > _MAX_FALLBACK_COMBOS:  # the shipped specs enumerate 18-36; millions would hang the loader
+        raise _err(spec.file, "rules", f"checking the fallback rules would enumerate {combos} combinations of the params "
+                   f"{', '.join(pnames)} (at most {_MAX_FALLBACK_COMBOS}): let the fallbacks' tunables alone satisfy "
+                   f"more constraints", rules_doc)
     defaults = {n: v[0] for n, v in spec.params}
     for combo in itertools.product(*pvals):
         params = dict(defaults, **dict(zip(pnames, combo)))

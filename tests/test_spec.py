@@ -685,6 +685,18 @@ def test_fallback_invalid_for_some_params(tmp_path):
     assert "layout='kmajor'" in e.reason and "K=256" in e.reason and "state_dtype='bf16'" in e.reason
 
 
+def test_fallback_check_refuses_to_enumerate_millions(tmp_path):
+    """A constraint over many params that no fallback's tunables settle alone would make the fallback check walk
+    their whole product (billions for gdn's params: the loader hung on such a fuzzed spec): refused, naming the count."""
+    doc = gdn_doc()
+    names = [n for n in ("T", "in_dtype", "out_dtype", "dtb_dtype", "pool", "idx_dtype", "update", "l2norm", "varlen",
+                         "tree", "gates") if n in doc["params"]]
+    doc["constraints"].append({"expr": " and ".join(f"{n} == {n}" for n in names), "why": "reads many params"})
+    text = dump(doc)
+    e = spec_error(tmp_path, text, "rules", item_lines(text, "rules")[0])
+    assert "checking the fallback rules would enumerate" in e.reason and "(at most 4096)" in e.reason
+
+
 def test_single_klast_only_fallback(tmp_path):
     """A single fallback that only suits K-last is rejected naming a K-major combination."""
     doc = gdn_doc()
