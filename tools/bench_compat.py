@@ -70,6 +70,19 @@ def gates2d(x, s):
     return x.view(s["B"] * s["T"], x.shape[-1])
 
 
+def _native_decode(s):
+    return gdnjit.gated_delta_rule_decode_pretranspose(s["q"], s["k"], s["v"], None, s["A_log"], s["a"], s["dtb"],
+                                                       s["b"], output=s["out"], initial_state=s["pool"],
+                                                       initial_state_indices=s["read"])
+
+
+def _packed_pair(engine):
+    """An engine's packed decode (q / k / v from the packed rows) and the native decode of the same work."""
+    return (lambda s: engine.fused_recurrent_gated_delta_rule_packed_decode(
+        s["mixed"], gates2d(s["a"], s), gates2d(s["b"], s), s["A_log"], s["dtb"], K ** -0.5, s["pool"], s["out"],
+        s["read"], use_qk_l2norm_in_kernel=True), _native_decode)
+
+
 CALLS = {
     "vllm_spec": (
         lambda s: vllm.fused_sigmoid_gating_delta_rule_update(
@@ -84,23 +97,9 @@ CALLS = {
             s["A_log"], gates2d(s["a"], s), gates2d(s["b"], s), s["dtb"], flat(s["q"], s), flat(s["k"], s),
             flat(s["v"], s), initial_state=s["pool"], cu_seqlens=s["cu"], ssm_state_indices=s["read"],
             use_qk_l2norm_in_kernel=True),
-        lambda s: gdnjit.gated_delta_rule_decode_pretranspose(
-            s["q"], s["k"], s["v"], None, s["A_log"], s["a"], s["dtb"], s["b"], output=s["out"],
-            initial_state=s["pool"], initial_state_indices=s["read"])),
-    "vllm_packed": (
-        lambda s: vllm.fused_recurrent_gated_delta_rule_packed_decode(
-            s["mixed"], gates2d(s["a"], s), gates2d(s["b"], s), s["A_log"], s["dtb"], K ** -0.5, s["pool"], s["out"],
-            s["read"], use_qk_l2norm_in_kernel=True),
-        lambda s: gdnjit.gated_delta_rule_decode_pretranspose(
-            s["q"], s["k"], s["v"], None, s["A_log"], s["a"], s["dtb"], s["b"], output=s["out"],
-            initial_state=s["pool"], initial_state_indices=s["read"])),
-    "sglang_packed": (
-        lambda s: sglang.fused_recurrent_gated_delta_rule_packed_decode(
-            s["mixed"], gates2d(s["a"], s), gates2d(s["b"], s), s["A_log"], s["dtb"], K ** -0.5, s["pool"], s["out"],
-            s["read"], use_qk_l2norm_in_kernel=True),
-        lambda s: gdnjit.gated_delta_rule_decode_pretranspose(
-            s["q"], s["k"], s["v"], None, s["A_log"], s["a"], s["dtb"], s["b"], output=s["out"],
-            initial_state=s["pool"], initial_state_indices=s["read"])),
+        _native_decode),
+    "vllm_packed": _packed_pair(vllm),
+    "sglang_packed": _packed_pair(sglang),
     "sglang_verify": (
         lambda s: sglang.fused_sigmoid_gating_delta_rule_update(
             s["A_log"], gates2d(s["a"], s), s["dtb"], 1.0, 20.0, flat(s["q"], s), flat(s["k"], s), flat(s["v"], s),
