@@ -322,7 +322,7 @@ def test_strided_pool_in_every_form(form, state_dtype, T):
 
 
 @pytest.mark.parametrize("cache", [False, True])
-@pytest.mark.parametrize("T", [3, 4, 8])
+@pytest.mark.parametrize("T", [2, 3, 4, 8])
 @pytest.mark.parametrize("shape", [(37, 4, 16, 128, "pool"), (5, 2, 8, 256, "strided"), (9, 1, 3, 256, "pool")])
 def test_tc_row_tile_does_not_change_bits(shape, T, cache):
     """The bf16 verify without a writeback in the tc form with 128-row tiles (two 64-row blocks per warp, one after
@@ -333,6 +333,8 @@ def test_tc_row_tile_does_not_change_bits(shape, T, cache):
     B, H, HV, V, kind = shape
     if kind == "strided" and cache:
         pytest.skip("ReplaySSM's caching verify takes dense slots (an engine convention: docs/api.md)")
+    if T == 2 and not cache:
+        pytest.skip("the tc form takes T = 2 for ReplaySSM's verify only (the output-only verify: T 3..8)")
     K, bf, nan = 128, torch.bfloat16, float("nan")
     q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=10 * B + T)
     slots = 2 * B + 3
