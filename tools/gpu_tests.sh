@@ -9,6 +9,9 @@
 # runs alone after them (beside the other groups it runs out of memory on an 80 GB card). Prints each
 # group's pytest summary line; exit status 0 only if every group passed.
 set -u
+# torch's CPU threads (the float64 references) would otherwise be one per core in each of the groups side by side:
+# oversubscribed, the spec-step and compat groups took over 600 s instead of 2 minutes (docs/bench/2026-11-26-h100-s26-gpu-tests.txt)
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 out=${1:?usage: tools/gpu_tests.sh LOGDIR [pytest args]}
 shift
 mkdir -p "$out"
