@@ -147,11 +147,12 @@ def test_scalar_caches_need_no_vector_alignment():
 
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 def test_tc_form_replay_variants_compile_without_spills(sdt):
-    """The tc form of the ReplaySSM verify (caching the tokens) and of the commit (no track), T 3..8, as the rules pick
-    it at mid / large batches; the commit with track stays with the recurrent form."""
+    """The tc form of the ReplaySSM verify (caching the tokens) and of the commit (no track), T 2..8, as the rules pick
+    it at mid / large batches (at T 2..3 below their batch thresholds the recurrent form runs, docs/perf.md v28); the commit
+    with track stays with the recurrent form."""
     spec = get_spec("gdn")
     tc = dict(lanes_per_row=4, ilp=1, tile_v=64, stage=True, form="tc", pipe=1, k_warps=1, l2_prefetch=False)
-    for t, null in ((3, -1), (5, 0), (8, -1)):
+    for t, null in ((2, -1), (3, -1), (5, 0), (8, -1)):
         caches = dict(rawv_cache=torch.zeros(L, S, HV, t, V, dtype=bf), rawk_cache=torch.zeros(L, S, H, t, K, dtype=bf),
                       g_cache=torch.zeros(L, S, HV, t), beta_cache=torch.zeros(L, S, HV, t))
         commit = prep(checkpoint_state=torch.zeros(L, S, HV, V, K, dtype=sdt), null_block_id=null, **caches)
@@ -165,6 +166,8 @@ def test_tc_form_replay_variants_compile_without_spills(sdt):
             assert tun == want, (call.params["replay"], t, tun)
             meta = Variant.make(spec, call.params, tun, "sm_90").build().meta
             assert meta["spill_bytes"] == 0 and meta["stack_bytes"] == 0 and not meta["warnings"], (call.params, meta)
+            if t <= 3:  # B * HV 128: under the batch thresholds at T 2..3 (bf16 from 256, fp32 from 1024)
+                assert dispatch.select(spec, call.params, dict(B=2, H=H, HV=64, num_sms=132))[0]["form"] != "tc", t
     tracked = prep(checkpoint_state=torch.zeros(L, S, HV, V, K, dtype=sdt),
                    track_state_indices=torch.zeros(B, dtype=torch.int32), track_steps=torch.zeros(B, dtype=torch.int32))
     assert dispatch.select(spec, tracked.params, dict(B=64, H=H, HV=64, num_sms=132))[0]["form"] == "recurrent"

@@ -181,6 +181,21 @@ def test_torch_op_cpu_path_matches_the_reference():
     assert torch.allclose(out.float(), ref.output, atol=1e-2) and torch.equal(state, ref.state)
 
 
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+def test_two_token_step_takes_the_tc_form_from_mid_batches(sdt):
+    """T = 2, bf16 q/k, K = V = 128: the tc form from B * HV 1024 (fp32; bf16 from 256), the recurrent loop below
+    (docs/perf.md v28: the fp32 tc step at T = 2 0.84-0.90 of the recurrent rule's time once its tiles moved whole
+    sectors)."""
+    spec = get_spec("gdn")
+    call = prep(q=torch.zeros(B, 2, H, 128, dtype=bf), k=torch.zeros(B, 2, H, 128, dtype=bf),
+                v=torch.zeros(B, 2, HV, 128, dtype=bf), a=torch.zeros(B, 2, HV, dtype=bf),
+                b=torch.zeros(B, 2, HV, dtype=bf), state=torch.zeros(S, HV, 128, 128, dtype=sdt),
+                cache=spec_cache(S, H, HV, 2, 128, 128))[1]
+    form = {rows: dispatch.select(spec, call.params, dict(B=rows, H=16, HV=64, num_sms=132))[0]["form"]
+            for rows in (1, 16, 64, 512)}  # B * HV 64, 1024, 4096, 32768
+    assert form == {1: "recurrent", 16: "tc", 64: "tc", 512: "tc"}, form
+
+
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 def test_variants_compile_without_spills(sdt, arch):
