@@ -238,7 +238,11 @@ def forcing(override: dict):
         v = orig(spec, params, facts, arch, tuned, batch_invariant)
         if spec.name != "gdn":
             return v
-        return Variant.make(spec, params, forced_tunables(spec, params, dict(v.tunables), override), arch)
+        tunables = forced_tunables(spec, params, dict(v.tunables), override)
+        if tunables is None:  # (else Variant.make fails on None with an AttributeError that names nothing)
+            raise ValueError(f"forcing {override}: no variant of that kind takes these params "
+                             f"(T={params.get('T')}, state {params.get('state_dtype')}, K={params.get('K')})")
+        return Variant.make(spec, params, tunables, arch)
 
     runner.RUNNER.clear()
     runner.choose_variant = forced
