@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Every GPU test (pytest -m gpu) in seven groups run side by side, one log per group, on a GPU machine.
+# Every GPU test (pytest -m gpu) in ten groups run side by side, one log per group, on a GPU machine.
 #
 #   PYTHONPATH=$PWD bash tools/gpu_tests.sh LOGDIR [extra pytest args]
 #
 # The groups split tests/ops/test_gdn_gpu.py's forced-form grids (most of the NVRTC compiles) so the
-# machine's cores compile in parallel; together they select exactly what `pytest -m gpu` selects
+# machine's cores compile in parallel, and the other files into compat, spec step, replay and the rest (as one group
+# they were the longest: past 580 s beside the others on an H200, docs/bench/2026-11-26-h200-s27-gpu-tests.txt); together they select exactly what `pytest -m gpu` selects
 # (their collected counts add up to `pytest -m gpu --co -q`'s). The one test that allocates a 35 GiB pool
 # runs alone after them (beside the other groups it runs out of memory on an 80 GB card). Prints each
 # group's pytest summary line; exit status 0 only if every group passed.
@@ -17,15 +18,21 @@ shift
 mkdir -p "$out"
 gdn=tests/ops/test_gdn_gpu.py
 big=test_large_pool_offsets_past_2_31_bytes
-names=(rules forced-recurrent forced-pipe forced-mma forced-tc-kwarps other tuned)
+tuned=tests/ops/test_tuned_gpu.py
+spec=tests/ops/test_spec_step_gpu.py
+replay=tests/ops/test_replay_gpu.py
+names=(rules forced-recurrent forced-pipe forced-mma forced-tc-kwarps compat spec-step replay other tuned)
 args=(
   "$gdn -k 'not form_forced and not k_warps_forced and not $big'"
   "$gdn -k 'test_form_forced and (recurrent or chunk or lanes4x2)'"
   "$gdn -k 'test_form_forced and pipe and not mma'"
   "$gdn -k 'test_form_forced and mma'"
   "$gdn -k 'tc_form_forced or k_warps_forced'"
-  "tests --ignore=$gdn --ignore=tests/ops/test_tuned_gpu.py"
-  "tests/ops/test_tuned_gpu.py"
+  "tests/compat"
+  "$spec"
+  "$replay"
+  "tests --ignore=$gdn --ignore=$tuned --ignore=tests/compat --ignore=$spec --ignore=$replay"
+  "$tuned"
 )
 pids=()
 for i in "${!names[@]}"; do
