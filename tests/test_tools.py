@@ -67,3 +67,23 @@ def test_bench_spec_floors_split_replayssm(capsys):
         assert 2 * state < bs.floor_bytes("rs_commit", B, T, HV, es) < bs.floor_bytes("fused", B, T, HV, es)
     s = bs.make_set(2, 3, 32, torch.float32, ["rs_commit"], torch.device("cpu"), seed=1)
     assert all(not s[n].any() for n in ("rawk", "rawv", "g_cache", "beta_cache"))
+
+
+def test_tune_shapes_files_plan_valid_variants():
+    """The shapes files `gdnjit tune` is run with (tools/*.yaml) load, and every problem's params have a valid variant
+    (a stale param name or value would only fail on the GPU machine, after the first compiles)."""
+    from gdnjit import dispatch
+    from gdnjit.shapes import iter_facts, load_shapes, params_for
+    from gdnjit.spec import get_spec
+
+    files = sorted((ROOT / "tools").glob("*.yaml"))
+    assert {f.name for f in files} >= {"bench_shapes.yaml", "tune_multi_token.yaml"}
+    for f in files:
+        problems = load_shapes(str(f))
+        assert problems, f.name
+        for prob in problems:
+            spec = get_spec(prob.spec)
+            params = params_for(prob, "sm_90")
+            for facts in iter_facts(prob, 132):
+                tunables, _ = dispatch.select(spec, params, facts)
+                assert spec.valid(params, tunables), (f.name, prob.call, facts)
