@@ -368,6 +368,64 @@ def test_tc_row_tile_does_not_change_bits(shape, T, cache):
     assert (out[live].double() - ref.output[live]).norm() / ref.output[live].norm() < 2e-2
 
 
+
+@pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("T", [3, 8])
+@pytest.mark.parametrize("mode", ["update", "cache", "spec_step"])
+def test_tc_v_rows_off_16_byte_alignment_give_the_aligned_bits(mode, T, state_dtype):
+    """The tc form copies v rows 16 bytes at a time where v's base and strides allow it, element by element otherwise
+    (v need only be 2-byte aligned): a v view 2 bytes off 16-byte alignment (ReplaySSM's caching verify, which takes
+    aligned bases only: an odd token stride) gives the contiguous tensor's bits, for the state-updating multi-token
+    call, ReplaySSM's caching verify and the fused step (an fp32 state's step keeps v in registers), with a padding
+    row."""
+    from gdn_cases import forcing
+
+    B, H, HV, K, V = 19, 4, 8, 128, 128
+    bf, nan = torch.bfloat16, float("nan")
+    q, k, v, A_log, a, dt_bias, b = _inputs(B, T, H, HV, K, V, seed=100 + T)
+    if mode == "cache":  # FlashInfer's ReplaySSM contract: 16-byte aligned bases; an odd token stride instead
+        v_odd = torch.empty(B, T, HV * V + 1, device=DEV, dtype=bf)[..., :HV * V].unflatten(-1, (HV, V))
+    else:
+        v_odd = torch.empty(v.numel() + 1, device=DEV, dtype=bf)[1:].view(v.shape)
+    v_odd.copy_(v)
+    assert v_odd.data_ptr() % 16 == (0 if mode == "cache" else 2) and v_odd.stride(1) % 8 == (1 if mode == "cache" else 0)
+    slots = 2 * B + 3
+    pool0 = (torch.randn(slots, HV, V, K, device=DEV) * 0.1).to(state_dtype)
+    idx = torch.randperm(slots, device=DEV)[:B].to(torch.int32)
+    idx[2] = -1  # a padding row
+    acc = torch.randint(0, T + 1, (B,), device=DEV, dtype=torch.int32)
+    got = []
+    for vv in (v, v_odd):
+        pool = pool0.clone()
+        out = torch.full((B, T, HV, V), nan, device=DEV, dtype=bf)
+        with forcing({"form": "tc", "tile_v": 64}):
+            if mode == "spec_step":
+                cache = gdnjit.spec_cache(slots, H, HV, T, K, V, dtype=bf, device=DEV)
+                for x in cache[:4]:  # the replayed drafts (acc of them) read defined values
+                    x.zero_()
+                gdnjit.gated_delta_rule_spec_step(q, k, vv, A_log, a, dt_bias, b, pool, idx, acc, cache, output=out)
+                extra = list(cache)
+            elif mode == "cache":
+                extra = [torch.full((slots, HV, T, V), nan, device=DEV, dtype=bf),
+                         torch.full((slots, H, T, K), nan, device=DEV, dtype=bf),
+                         torch.full((slots, HV, T), nan, device=DEV), torch.full((slots, HV, T), nan, device=DEV)]
+                gdnjit.gated_delta_rule_mtp(q, k, vv, pool, idx, A_log, a, dt_bias, b, output=out,
+                                            disable_state_update=True, cache_replayssm=True, replayssm_rawv=extra[0],
+                                            replayssm_rawk=extra[1], replayssm_g=extra[2], replayssm_beta=extra[3])
+            else:
+                extra = []
+                gdnjit.gated_delta_rule_mtp(q, k, vv, pool, idx, A_log, a, dt_bias, b, output=out,
+                                            disable_state_update=False)
+            torch.cuda.synchronize()
+        got.append([x.view(torch.int16) if x.element_size() == 2 else x.view(torch.int32) for x in [out, pool, *extra]])
+    assert all(torch.equal(x, y) for x, y in zip(*got))
+    if mode == "update":  # and the values are right
+        ref = gdn_reference(q, k, v, A_log, a, dt_bias, b, pool0.double(), read_indices=idx)
+        live = idx >= 0
+        tol = 2e-3 if state_dtype == torch.float32 else 2e-2
+        out = got[1][0].view(bf)
+        assert (out[live].double() - ref.output[live]).norm() / ref.output[live].norm() < tol
+
 def _strided(x, step):
     """x's values as a view with stride ``step`` into a bigger buffer (FlashInfer's strided A_log / dt_bias)."""
     backing = torch.full((x.numel() * step,), float("nan"), device=x.device, dtype=x.dtype)
