@@ -87,3 +87,41 @@ def test_tune_shapes_files_plan_valid_variants():
             for facts in iter_facts(prob, 132):
                 tunables, _ = dispatch.select(spec, params, facts)
                 assert spec.valid(params, tunables), (f.name, prob.call, facts)
+
+
+def test_ncu_segments_cuts_at_barriers(tmp_path, capsys):
+    """tools/ncu_segments.py: per-warp instruction counts between barriers from ncu's source page (the first
+    instruction's count is the number of warps), a warp-specialised segment averaged over all warps; bad input is
+    one line and exit status 2."""
+    import gzip
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("ncu_segments", ROOT / "tools" / "ncu_segments.py")
+    seg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(seg)
+    rows = [("LDC R1, c[0x0][0x28]", 8, 1), ("@!P0 LDS.U16 R2, [R3]", 8, 3), ("BAR.SYNC.DEFER_BLOCKING 0x0", 8, 0),
+            ("SHFL.BFLY PT, R4, R5, 0x1, 0x1f", 2, 5), ("FADD R4, R4, R5", 2, 1), ("BAR.SYNC.DEFER_BLOCKING 0x0", 8, 0),
+            ("@P0 EXIT", 8, 0)]
+    path = tmp_path / "src.csv.gz"
+    with gzip.open(path, "wt") as f:
+        f.write('"Kernel Name","gdn_step",\n')
+        f.write('"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed"\n')
+        for i, (sass, exe, stall) in enumerate(rows):
+            f.write(f'"0x{16 * i:x}","      {sass}","{stall}","{exe}"\n')
+    assert seg.opcode("@!P0 LDS.U16 R2, [R3]") == "LDS"
+    warps, segs = seg.segments(seg.read_rows(str(path)))
+    assert warps == 8
+    assert [(s["first"], s["last"]) for s in segs] == [(0, 2), (3, 5), (6, 6)]
+    assert [s["per_warp"] for s in segs] == [3.0, 1.5, 1.0]
+    assert segs[1]["ops"]["SHFL"] == 0.25 and segs[1]["stall"] == 6
+    assert seg.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "7 instructions, 8 warps, 5.5 executed per warp" in out
+    assert seg.main([str(path), "--list", "3", "4"]) == 0
+    assert "SHFL.BFLY" in capsys.readouterr().out
+    assert seg.main([str(path), "--list", "4", "3"]) == 2
+    assert "--list: expected 0 <= FIRST <= LAST < 7" in capsys.readouterr().err
+    bad = tmp_path / "bad.csv"
+    bad.write_text("a,b\n1,2\n")
+    assert seg.main([str(bad)]) == 2
+    assert "expected ncu's source page as CSV" in capsys.readouterr().err
