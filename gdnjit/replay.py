@@ -5,7 +5,7 @@ Verify (:func:`gdnjit.gated_delta_rule_mtp` with ``cache_replayssm=True``) cache
 token's raw k, v, log decay g and beta; after acceptance this commit replays the first ``accept_lens[i]`` of them
 into slot ``state_indices[i]`` of every layer's checkpoint, the only state write (math:
 :mod:`gdnjit.reference.replay`). The kernel is the ``gdn`` spec with ``replay`` set, in its recurrent form or (bf16
-caches, K = 128, T 3..8, no track; by the rules) its tc form: the cached tokens are its inputs (rows = slots), no q,
+caches, K = 128, T 2..8, no track; by the rules) its tc form: the cached tokens are its inputs (rows = slots), no q,
 no outputs. This module validates and builds the named call.
 """
 

@@ -156,15 +156,24 @@ def test_bf16_update_t4_takes_tc_past_two_waves():
 def test_plain_multi_token_takes_tc_from_1024_heads():
     """v29 (H100 same-run timing against the recurrent rules, HV 32 / 64, B 32..512): the state-updating call without
     a buffer takes the tc form from B * HV = 1024 for fp32 state at T 3..8 and bf16 state at T = 3 too; where the tc
-    form cannot run (fp16 q/k, K != 128) the recurrent rules still decide, and T = 2 is not the tc form's."""
+    form cannot run (fp16 q/k, K != 128) the recurrent rules still decide. T = 2 (v31, H200 and H100): the tc form for the
+    bf16 state update from B * HV = 1024, not for fp32 state nor the output-only verify."""
     for T in range(3, 9):
         for sd in ("fp32", "bf16"):
             for B, HV in ((32, 32), (16, 64), (128, 64), (512, 32)):
                 assert _mid(T, sd, "none", B, HV=HV, H=16) == ("tc", 4, 1, 64, 1, True, False), (T, sd, B, HV)
     assert _mid(3, "bf16", "none", 8, HV=64, H=16)[0] != "tc"  # B * HV 512: the T = 3 rule starts at 1024
     assert _mid(3, "fp32", "none", 8, HV=64, H=16)[0] != "tc"
-    assert _mid(2, "fp32", "none", 32, HV=64, H=16)[0] == _mid(2, "bf16", "none", 32, HV=64, H=16)[0] == "recurrent"
+    assert _mid(2, "fp32", "none", 32, HV=64, H=16)[0] == "recurrent"
+    for B, HV in ((32, 32), (16, 64), (128, 64), (512, 32)):
+        assert _mid(2, "bf16", "none", B, HV=HV, H=16) == ("tc", 4, 1, 64, 1, True, False), (B, HV)
+    assert _mid(2, "bf16", "none", 8, HV=64, H=16)[0] != "tc"  # B * HV 512
     spec = get_spec("gdn")
+    base2 = dict(_GDN_BASE, layout="klast", K=128, V=128, T=2, state_dtype="bf16", in_dtype="bf16", inter_dtype="none",
+                 ssm_idx_dtype="none", pool=True, update=True)
+    facts = dict(B=128, H=16, HV=64, num_sms=132)
+    assert dispatch.select(spec, dict(base2, update=False), facts)[0]["form"] == "recurrent"  # output-only verify
+    assert dispatch.select(spec, dict(base2, in_dtype="fp16"), facts)[0]["form"] == "recurrent"
     for T in (3, 4, 6):
         for change in (dict(in_dtype="fp16"), dict(K=64, V=64)):
             params = dict(_GDN_BASE, layout="klast", K=128, V=128, T=T, state_dtype="fp32", in_dtype="bf16",

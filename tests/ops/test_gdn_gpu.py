@@ -226,9 +226,9 @@ def test_form_forced(case, kind):
 
 # ---- the tc form (bf16 q/k, bf16 / fp32 state, K = 128, T 3..8), forced over its whole domain ----
 def _tc_cases() -> list[Case]:
-    """Every value of every axis the tc form takes, crossed with T 3..8 (random pairing, fixed seed)."""
+    """Every value of every axis the tc form takes, crossed with T 2..8 (random pairing, fixed seed)."""
     rnd = random.Random(99)
-    axes = {"T": [3, 4, 5, 6, 7, 8], "pool": ["direct", "pool", "gaps", "split", "strided"], "neg_write": [False, True],
+    axes = {"T": [2, 3, 4, 5, 6, 7, 8], "pool": ["direct", "pool", "gaps", "split", "strided"], "neg_write": [False, True],
             "update": [True, False], "l2norm": [True, False], "out_dtype": [None, "bf16", "fp16", "fp32"],
             "dtb_dtype": ["fp32", "bf16", "fp16"], "idx_dtype": ["int32", "int64"], "B": [1, 3, 37, 130],
             "ratio": [1, 2, 3, 4], "V": [64, 128, 256], "scale": [None, 0.3], "state_dtype": ["bf16", "fp32"]}
