@@ -5,7 +5,7 @@
 
 The fused step (two steps: the second replays what the first cached; padding rows, a pool with gaps) and its flush,
 in both kernel forms (T = 3 runs the recurrent form at this batch, T = 8 the tc form), and FlashInfer's ReplaySSM
-verify cache and commit (with track), for fp32 and bf16 state. Small shapes keep the sanitizer
+verify cache and commit (with track at T = 3, without at T = 8: the tc form), for fp32 and bf16 state. Small shapes keep the sanitizer
 fast; each result is also checked against the float64 reference (exit status 1 on a mismatch).
 """
 
@@ -60,25 +60,27 @@ def main() -> int:
             e = rel(pool.float(), ref.state.float())
             print(f"spec_flush {sdt} T={T}: rel {e:.2e}")
             bad += e > tol
-        T = FUSED_T[0]
-        # FlashInfer's ReplaySSM: verify with the cache, then the commit (one layer) with track
-        rawv, rawk = torch.zeros(S, HV, T, V, dtype=bf, device=DEV), torch.zeros(S, H, T, K, dtype=bf, device=DEV)
-        gc, bc = torch.zeros(S, HV, T, device=DEV), torch.zeros(S, HV, T, device=DEV)
-        q, k, v, a, b = tokens(g, T)
-        gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True,
-                                    cache_replayssm=True, replayssm_rawv=rawv, replayssm_rawk=rawk, replayssm_g=gc,
-                                    replayssm_beta=bc)
-        trk_idx = torch.tensor([0, -1, 1, 3, 5], dtype=torch.int32, device=DEV)
-        trk = torch.tensor([1, 0, 0, 0, 1], dtype=torch.int32, device=DEV)
-        ck = pool.unsqueeze(0)
-        ref = replay_commit_reference(ck, rawv[None], rawk[None], gc[None], bc[None], idx, acc,
-                                      track_state_indices=trk_idx, track_steps=trk)
-        gdnjit.gated_delta_rule_replayssm_commit(ck, rawv[None], rawk[None], gc[None], bc[None], idx, acc,
-                                                 track_state_indices=trk_idx, track_steps=trk)
-        torch.cuda.synchronize()
-        e = rel(ck.float(), ref.float())
-        print(f"replayssm verify + commit {sdt}: rel {e:.2e}")
-        bad += e > tol
+        # FlashInfer's ReplaySSM: verify with the cache, then the commit (one layer): with track at T = 3 (the recurrent
+        # form), without at T = 8 (the tc form: the tokens' and the state tile's copies in two cp.async groups)
+        for T, track in ((FUSED_T[0], True), (FUSED_T[1], False)):
+            rawv, rawk = torch.zeros(S, HV, T, V, dtype=bf, device=DEV), torch.zeros(S, H, T, K, dtype=bf, device=DEV)
+            gc, bc = torch.zeros(S, HV, T, device=DEV), torch.zeros(S, HV, T, device=DEV)
+            q, k, v, a, b = tokens(g, T)
+            gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True,
+                                        cache_replayssm=True, replayssm_rawv=rawv, replayssm_rawk=rawk, replayssm_g=gc,
+                                        replayssm_beta=bc)
+            kw = {}
+            if track:
+                kw = dict(track_state_indices=torch.tensor([0, -1, 1, 3, 5], dtype=torch.int32, device=DEV),
+                          track_steps=torch.tensor([1, 0, 0, 0, 1], dtype=torch.int32, device=DEV))
+            acc = torch.tensor([3, 2, 1, T, 2], dtype=torch.int32, device=DEV)
+            ck = pool.unsqueeze(0)
+            ref = replay_commit_reference(ck, rawv[None], rawk[None], gc[None], bc[None], idx, acc, **kw)
+            gdnjit.gated_delta_rule_replayssm_commit(ck, rawv[None], rawk[None], gc[None], bc[None], idx, acc, **kw)
+            torch.cuda.synchronize()
+            e = rel(ck.float(), ref.float())
+            print(f"replayssm verify + commit {sdt} T={T}{' with track' if track else ''}: rel {e:.2e}")
+            bad += e > tol
     print("OK" if not bad else f"{bad} MISMATCHES")
     return 1 if bad else 0
 
