@@ -187,18 +187,27 @@ def _facts(args, spec) -> dict[str, int]:
     return {f: facts[f] for f in spec.facts}
 
 
+def _params(spec, items: Sequence[str] | None) -> dict[str, Any]:
+    """Every param of ``spec``: the ``-p NAME=VALUE`` given (each name known, each value one the spec allows), the
+    first allowed value for the rest."""
+    given = _kv(items, "--param")
+    unknown = set(given) - set(spec.param_names)
+    if unknown:
+        raise ValueError(f"--param: expected params of spec {spec.name} ({', '.join(spec.param_names)}), "
+                         f"got unknown {sorted(unknown)}")
+    for n, v in given.items():  # (accepts: 1 == True, so a bool param's value must be a bool too)
+        if not spec.accepts(n, v) or isinstance(v, bool) != isinstance(spec.allowed(n)[0], bool):
+            raise ValueError(f"--param {n}: expected one of {spec.allowed_text(n)}, got {v!r}")
+    return {n: given.get(n, vals[0]) for n, vals in spec.params}
+
+
 def _variant_from_args(args):
     from . import dispatch
     from .spec import get_spec
     from .variant import Variant
 
     spec = get_spec(args.spec)
-    given = _kv(args.param, "--param")
-    unknown = set(given) - set(spec.param_names)
-    if unknown:
-        raise ValueError(f"--param: expected params of spec {spec.name} ({', '.join(spec.param_names)}), "
-                         f"got unknown {sorted(unknown)}")
-    params = {n: given.get(n, vals[0]) for n, vals in spec.params}
+    params = _params(spec, args.param)
     facts = _facts(args, spec)
     tunables = _kv(args.tunable, "--tunable")
     if not tunables:
@@ -358,7 +367,8 @@ def cmd_spec(args) -> int:
         return 0
     spec = get_spec(args.target[0])
     explain = bool(args.param or args.B or args.fact)
-    spec_facts = _facts(args, spec) if explain else None  # bad facts: one line before any output
+    spec_facts = _facts(args, spec) if explain else None  # bad facts or params: one line before any output
+    params = _params(spec, args.param) if explain else None
     print(f"spec {spec.name}: {spec.description.strip()}")
     print(f"template: {spec.describe_template()}   kernel: {spec.kernel_name}   file: {spec.file}")
     for n, vals in spec.params:
@@ -372,8 +382,6 @@ def cmd_spec(args) -> int:
     for i, r in enumerate(spec.rules):
         print(f"rule {i} (line {r.line}): when {r.when or '(always)'} -> {dict(r.use)}   # {r.why.strip()}")
     if explain:
-        given = _kv(args.param, "--param")
-        params = {n: given.get(n, vals[0]) for n, vals in spec.params}
         print(f"\nfor {params} with {spec_facts}:")
         for line in dispatch.explain(spec, params, spec_facts):
             print("  " + line)

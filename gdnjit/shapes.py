@@ -173,7 +173,7 @@ def load_shapes(name_or_path: str | Path) -> list[Problem]:
             for v in vals:
                 if not spec.accepts(n, v):
                     raise err(f"{key}.params.{n}", f"{v!r} is not allowed by spec {spec.name} "
-                              f"(allowed: {_allowed_text(spec, n)})", call, "params")
+                              f"(allowed: {spec.allowed_text(n)})", call, "params")
             lists.append(vals)
         bound = list(bind)
         for mname, dims in models.items():
@@ -215,7 +215,7 @@ def _bound_values(exprs: Any, dims: dict, tp: int, name: str, mname: str, spec, 
                           f"({_dims_text(dims)})", doc, "tp")
             raise err(f"models.{mname}", f"{name} = {text} = {value!r} is not a positive integer", models, mname)
         if name in spec.param_names and not spec.accepts(name, value):
-            raise err(f"models.{mname}", f"{name}={value} not supported (allowed: {_allowed_text(spec, name)})",
+            raise err(f"models.{mname}", f"{name}={value} not supported (allowed: {spec.allowed_text(name)})",
                       models, mname)
         out.append(value)
     return out
@@ -241,8 +241,3 @@ def iter_facts(problem: Problem, num_sms: int) -> Iterator[dict[str, Any]]:
 
 def shipped_shapes() -> list[str]:
     return sorted(p.name for p in SHAPES_DIR.glob("*.yaml"))
-
-
-def _allowed_text(spec, name: str) -> str:
-    domain = dict(spec.domains).get(name)
-    return f"{list(spec.allowed(name))}" + (f" or an integer with {domain}" if domain else "")

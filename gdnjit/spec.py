@@ -190,6 +190,11 @@ class Spec:
                 return vals
         raise KeyError(name)
 
+    def allowed_text(self, name: str) -> str:
+        """Param ``name``'s allowed values for an error message: the list, and its domain where it has one."""
+        domain = dict(self.domains).get(name)
+        return f"{list(self.allowed(name))}" + (f" or an integer with {domain}" if domain else "")
+
     def check_params(self, params: Mapping[str, Any]) -> None:
         """ValueError unless ``params`` has exactly the spec's params with allowed values."""
         names = set(self.param_names)
@@ -197,11 +202,9 @@ class Spec:
             raise ValueError(
                 f"spec {self.name}: params must be exactly {sorted(names)}, got {sorted(params)}"
             )
-        for n, vals in self.params:
+        for n, _ in self.params:
             if not self.accepts(n, params[n]):
-                domain = dict(self.domains).get(n)
-                also = f" or an integer with {domain}" if domain else ""
-                raise ValueError(f"spec {self.name}: param {n} must be one of {list(vals)}{also}, got {params[n]!r}")
+                raise ValueError(f"spec {self.name}: param {n} must be one of {self.allowed_text(n)}, got {params[n]!r}")
 
     def accepts(self, name: str, value: Any) -> bool:
         """Whether param ``name`` may take ``value``: a listed value, or an integer in its domain."""

@@ -357,6 +357,28 @@ def test_spec_show(cache_dir):
     assert rc == 0 and "CHOSEN" in out
 
 
+def test_spec_show_and_render_refuse_params_the_spec_does_not_allow(cache_dir):
+    """A -p value outside the param's allowed values (or of another type: 1 for a bool) is one line, status 2, before
+    any output: the rules are never explained for a call the op would refuse."""
+    for cmd in (["spec", "show"], ["render"]):
+        prog = f"gdnjit {cmd[0]}"
+        rc, out, err = run_cli([*cmd, "gdn", "-p", "T=99"])
+        assert (rc, out) == (2, "")
+        assert err.strip() == (f"{prog}: --param T: expected one of [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, "
+                               f"16], got 99")
+        rc, out, err = run_cli([*cmd, "gdn", "-p", "pool=1"])
+        assert (rc, out) == (2, "") and err.strip() == f"{prog}: --param pool: expected one of [False, True], got 1"
+        rc, out, err = run_cli([*cmd, "gdn", "-p", "layout=kfirst"])
+        assert (rc, out) == (2, "")
+        assert err.strip() == f"{prog}: --param layout: expected one of ['klast', 'kmajor'], got 'kfirst'"
+        rc, out, err = run_cli([*cmd, "gdn", "-p", "bogus=1"])
+        assert (rc, out) == (2, "") and err.strip().endswith("got unknown ['bogus']")
+        # a param with a domain beyond its list (nvfp4's K: any multiple of 16) names the domain too
+        rc, out, err = run_cli([*cmd, "nvfp4_quantize", "-p", "K=7681", "-f", "M=8"])
+        assert (rc, out) == (2, "") and err.startswith(f"{prog}: --param K: expected one of [16, 32, ")
+        assert err.strip().endswith("or an integer with K % 16 == 0 and 16 <= K <= 1048576, got 7681")
+
+
 def test_usage_errors(cache_dir):
     with pytest.raises(SystemExit) as ei:
         run_cli([])
