@@ -201,6 +201,21 @@ def _params(spec, items: Sequence[str] | None) -> dict[str, Any]:
     return {n: given.get(n, vals[0]) for n, vals in spec.params}
 
 
+def _tunables(spec, items: Sequence[str] | None) -> dict[str, Any]:
+    """The ``-t NAME=VALUE`` given: each name a tunable of ``spec``, each value one it allows (whether the combination
+    satisfies the constraints is Variant.make's check)."""
+    given = _kv(items, "--tunable")
+    unknown = set(given) - set(spec.tunable_names)
+    if unknown:
+        raise ValueError(f"--tunable: expected tunables of spec {spec.name} ({', '.join(spec.tunable_names)}), "
+                         f"got unknown {sorted(unknown)}")
+    for n, v in given.items():
+        vals = spec.allowed(n)
+        if v not in vals or isinstance(v, bool) != isinstance(vals[0], bool):
+            raise ValueError(f"--tunable {n}: expected one of {list(vals)}, got {v!r}")
+    return given
+
+
 def _variant_from_args(args):
     from . import dispatch
     from .spec import get_spec
@@ -209,13 +224,9 @@ def _variant_from_args(args):
     spec = get_spec(args.spec)
     params = _params(spec, args.param)
     facts = _facts(args, spec)
-    tunables = _kv(args.tunable, "--tunable")
-    if not tunables:
-        tunables, _ = dispatch.select(spec, params, facts)
-    else:
-        chosen, _ = dispatch.select(spec, params, facts)
-        tunables = {**chosen, **tunables}
-    return Variant.make(spec, params, tunables, args.arch)
+    tunables = _tunables(spec, args.tunable)
+    chosen, _ = dispatch.select(spec, params, facts)
+    return Variant.make(spec, params, {**chosen, **tunables}, args.arch)
 
 
 def cmd_render(args) -> int:

@@ -357,9 +357,9 @@ def test_spec_show(cache_dir):
     assert rc == 0 and "CHOSEN" in out
 
 
-def test_spec_show_and_render_refuse_params_the_spec_does_not_allow(cache_dir):
+def test_spec_show_and_render_refuse_params_and_tunables_the_spec_does_not_allow(cache_dir):
     """A -p value outside the param's allowed values (or of another type: 1 for a bool) is one line, status 2, before
-    any output: the rules are never explained for a call the op would refuse."""
+    any output: the rules are never explained for a call the op would refuse; render's -t likewise."""
     for cmd in (["spec", "show"], ["render"]):
         prog = f"gdnjit {cmd[0]}"
         rc, out, err = run_cli([*cmd, "gdn", "-p", "T=99"])
@@ -377,6 +377,16 @@ def test_spec_show_and_render_refuse_params_the_spec_does_not_allow(cache_dir):
         rc, out, err = run_cli([*cmd, "nvfp4_quantize", "-p", "K=7681", "-f", "M=8"])
         assert (rc, out) == (2, "") and err.startswith(f"{prog}: --param K: expected one of [16, 32, ")
         assert err.strip().endswith("or an integer with K % 16 == 0 and 16 <= K <= 1048576, got 7681")
+    # render's -t: a name the spec does not have, or a value it does not allow, likewise (an unknown name was ignored)
+    rc, out, err = run_cli(["render", "gdn", "-t", "nope=1"])
+    assert (rc, out) == (2, "") and err.strip() == ("gdnjit render: --tunable: expected tunables of spec gdn (lanes_per_row, "
+                                                    "ilp, tile_v, stage, form, pipe, k_warps, l2_prefetch), got unknown "
+                                                    "['nope']")
+    rc, out, err = run_cli(["render", "gdn", "-t", "form=bogus"])
+    assert (rc, out) == (2, "")
+    assert err.strip() == "gdnjit render: --tunable form: expected one of ['recurrent', 'chunk', 'mma', 'tc'], got 'bogus'"
+    rc, out, err = run_cli(["render", "gdn", "-t", "stage=1"])
+    assert (rc, out) == (2, "") and err.strip() == "gdnjit render: --tunable stage: expected one of [False, True], got 1"
 
 
 def test_usage_errors(cache_dir):
