@@ -136,6 +136,27 @@ def cmd_tune(args) -> int:
             return 2
     config = get_config()
     _cache(config)  # a cache dir that is a file fails here, before the GPU checks
+    problems = []
+    for f in args.shapes:  # a bad shapes file too
+        problems += load_shapes(f)
+    if args.call:
+        calls = sorted({p.call for p in problems})
+        unknown = sorted(set(args.call) - set(calls))
+        if unknown:
+            print(f"gdnjit tune: --call: expected calls of the shapes files ({', '.join(calls)}), got unknown {unknown}",
+                  file=sys.stderr)
+            return 2
+        problems = [p for p in problems if p.call in args.call]
+    if args.where is not None:  # and a name the candidates do not have (it evaluates over params and tunables)
+        from .spec import get_spec
+
+        for name in sorted({p.spec for p in problems}):
+            spec = get_spec(name)
+            unknown = _expr.names_in(args.where) - set(spec.param_names) - set(spec.tunable_names)
+            if unknown:
+                print(f"gdnjit tune: --where: expected names of spec {name}'s params and tunables, got unknown "
+                      f"{sorted(unknown)} (--call narrows the shapes' calls)", file=sys.stderr)
+                return 2
     if not torch.cuda.is_available():
         print("gdnjit tune: needs a CUDA GPU (it measures the candidates on it)", file=sys.stderr)
         return 2
@@ -143,11 +164,6 @@ def cmd_tune(args) -> int:
     from .warm import check_supported_arch
 
     check_supported_arch(device_info(torch.cuda.current_device()).arch, what="the local GPU's arch")
-    problems = []
-    for f in args.shapes:
-        problems += load_shapes(f)
-    if args.call:
-        problems = [p for p in problems if p.call in args.call]
     dedup = {}
     for p in problems:  # models sharing (params, facts) measure the same thing
         dedup.setdefault((p.spec, p.params, p.facts), p)

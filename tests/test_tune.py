@@ -42,3 +42,25 @@ def test_bad_where_is_refused_before_any_work():
     with contextlib.redirect_stderr(err):
         rc = cli.main(["tune", "--shapes", "tools/bench_shapes.yaml", "--where", "form == ("])
     assert rc == 2 and "--where" in err.getvalue() and "syntax error" in err.getvalue()
+
+
+def test_where_names_and_shapes_are_checked_before_the_gpu():
+    """A --where name that is neither a param nor a tunable of the shapes' specs, a --call the shapes files do not have
+    or a shapes file that does not load is refused (one line, status 2) before the GPU checks: on a machine without a
+    GPU too."""
+    for argv, want in (
+            (["--shapes", "tools/bench_shapes.yaml", "--where", "bogus == 1 and form == 'tc'"],
+             "gdnjit tune: --where: expected names of spec gdn's params and tunables, got unknown ['bogus']"),
+            # qwen35.yaml also has conv and nvfp4 calls, which have no `form`; --call keeps the gdn ones
+            (["--shapes", "qwen35.yaml", "--where", "form == 'tc'"],
+             "gdnjit tune: --where: expected names of spec causal_conv1d_update's params and tunables, got unknown "
+             "['form'] (--call narrows the shapes' calls)"),
+            (["--shapes", "qwen35.yaml", "--call", "decode", "--where", "form == 'tc'"], "gdnjit tune: needs a CUDA GPU"),
+            (["--shapes", "qwen35.yaml", "--call", "mtp"], "gdnjit tune: --call: expected calls of the shapes files "
+             "(conv_decode, conv_verify, decode, nvfp4_activations, replayssm_commit, replayssm_verify, spec_flush, spec_step, "
+             "verify_bf16, verify_fp32), got unknown ['mtp']"),
+            (["--shapes", "nope.yaml"], "gdnjit tune: shapes: no file 'nope.yaml'")):
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = cli.main(["tune", *argv])
+        assert rc == 2 and err.getvalue().startswith(want), err.getvalue()
