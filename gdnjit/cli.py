@@ -203,33 +203,25 @@ def _facts(args, spec) -> dict[str, int]:
     return {f: facts[f] for f in spec.facts}
 
 
-def _params(spec, items: Sequence[str] | None) -> dict[str, Any]:
-    """Every param of ``spec``: the ``-p NAME=VALUE`` given (each name known, each value one the spec allows), the
-    first allowed value for the rest."""
-    given = _kv(items, "--param")
-    unknown = set(given) - set(spec.param_names)
+def _given(spec, items: Sequence[str] | None, flag: str, kind: str) -> dict[str, Any]:
+    """The ``NAME=VALUE`` items of ``flag``: each name one of ``spec``'s ``kind`` ('params' or 'tunables'), each value
+    one the spec allows (accepts: 1 == True, so a bool's value must be a bool too). Whether tunables satisfy the
+    constraints together is Variant.make's check."""
+    given = _kv(items, flag)
+    names = spec.param_names if kind == "params" else spec.tunable_names
+    unknown = set(given) - set(names)
     if unknown:
-        raise ValueError(f"--param: expected params of spec {spec.name} ({', '.join(spec.param_names)}), "
-                         f"got unknown {sorted(unknown)}")
-    for n, v in given.items():  # (accepts: 1 == True, so a bool param's value must be a bool too)
-        if not spec.accepts(n, v) or isinstance(v, bool) != isinstance(spec.allowed(n)[0], bool):
-            raise ValueError(f"--param {n}: expected one of {spec.allowed_text(n)}, got {v!r}")
-    return {n: given.get(n, vals[0]) for n, vals in spec.params}
-
-
-def _tunables(spec, items: Sequence[str] | None) -> dict[str, Any]:
-    """The ``-t NAME=VALUE`` given: each name a tunable of ``spec``, each value one it allows (whether the combination
-    satisfies the constraints is Variant.make's check)."""
-    given = _kv(items, "--tunable")
-    unknown = set(given) - set(spec.tunable_names)
-    if unknown:
-        raise ValueError(f"--tunable: expected tunables of spec {spec.name} ({', '.join(spec.tunable_names)}), "
-                         f"got unknown {sorted(unknown)}")
+        raise ValueError(f"{flag}: expected {kind} of spec {spec.name} ({', '.join(names)}), got unknown {sorted(unknown)}")
     for n, v in given.items():
-        vals = spec.allowed(n)
-        if v not in vals or isinstance(v, bool) != isinstance(vals[0], bool):
-            raise ValueError(f"--tunable {n}: expected one of {list(vals)}, got {v!r}")
+        if not spec.accepts(n, v) or isinstance(v, bool) != isinstance(spec.allowed(n)[0], bool):
+            raise ValueError(f"{flag} {n}: expected one of {spec.allowed_text(n)}, got {v!r}")
     return given
+
+
+def _params(spec, items: Sequence[str] | None) -> dict[str, Any]:
+    """Every param of ``spec``: the ``-p`` values given (checked), the first allowed value for the rest."""
+    given = _given(spec, items, "--param", "params")
+    return {n: given.get(n, vals[0]) for n, vals in spec.params}
 
 
 def _variant_from_args(args):
@@ -240,7 +232,7 @@ def _variant_from_args(args):
     spec = get_spec(args.spec)
     params = _params(spec, args.param)
     facts = _facts(args, spec)
-    tunables = _tunables(spec, args.tunable)
+    tunables = _given(spec, args.tunable, "--tunable", "tunables")
     chosen, _ = dispatch.select(spec, params, facts)
     return Variant.make(spec, params, {**chosen, **tunables}, args.arch)
 
