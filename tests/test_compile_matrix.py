@@ -311,3 +311,30 @@ def test_engine_verify_variants_compile_clean():
     native = {dict(v.params)["T"] for v in todo if dict(v.values)["max_registers"] == 96 and not dict(v.values)["engine"]
               and dict(v.params)["ssm_idx_dtype"] == "int32"}
     assert native == set(range(2, 9))  # FlashInfer's bf16 per-token scatter, T 2..8 (not its dense buffer: spills)
+
+
+def test_bf16_one_token_whole_head_ctas_fit_two_per_sm():
+    """The T = 1 rule's 8-warp whole-head CTAs (B * HV ~ 256: 8 lanes x 4 rows, 128-row tiles): bf16 state asks for 2
+    CTAs per SM and compiles within their 128 registers with no spills (docs/perf.md v33: at 136 one CTA per SM took a
+    256-CTA grid two waves); fp32 state, and a varlen call, ask for 1 (both spilled at 128)."""
+    base = {n: v[0] for n, v in SPEC.params}
+    t = {"lanes_per_row": 8, "ilp": 4, "tile_v": 128, "stage": False, "form": "recurrent", "pipe": 1, "k_warps": 1}
+    todo = []
+    for sd, pool, prefetch, varlen in itertools.product(("bf16", "fp32"), (True, False), (True, False), (False, True)):
+        if varlen and not pool:
+            continue
+        p = dict(base, layout="klast", K=128, V=128, T=1, state_dtype=sd, in_dtype="bf16", pool=pool, varlen=varlen,
+                 null_slot="nonpositive" if varlen else "negative")
+        todo.append(_variant(p, dict(t, l2_prefetch=prefetch)))
+
+    def one(v):
+        return v, v.build().meta
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for v, m in pool.map(one, todo):
+            vals, params = dict(v.values), dict(v.params)
+            assert vals["num_warps"] == 8 and m["spill_bytes"] == 0 and m["stack_bytes"] == 0, (v.describe(), m)
+            two = params["state_dtype"] == "bf16" and not params["varlen"]
+            assert vals["min_blocks"] == (2 if two else 1), v.describe()
+            if two:
+                assert m["registers"] <= 128, (v.describe(), m)
