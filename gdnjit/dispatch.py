@@ -7,7 +7,7 @@ whose tunables satisfy the spec's constraints for these params wins. A tuned tab
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from . import expr as _expr
 from .spec import Rule, Spec
@@ -40,6 +40,45 @@ def select(
         if spec.valid(params, use):
             return use, rule
     raise DispatchError(f"spec {spec.name}: no rule gives valid tunables for {dict(params)} with {dict(facts)}")
+
+
+def select_each(spec: Spec, params: Mapping[str, Any], facts_seq: Sequence[Mapping[str, Any]],
+                batch_invariant: bool = False) -> list[dict[str, Any]]:
+    """``select(spec, params, facts)[0]`` for each ``facts`` of ``facts_seq`` (one call's batch sizes and SM
+    counts: what ``gdnjit warm`` plans), with each rule's conjuncts that read no fact evaluated once for all of
+    them, and each rule's validity for the params checked once (a rule mostly fails on a param: T, the state
+    dtype, the mode)."""
+    view = spec.dispatch_view(params)
+    fact_names = frozenset(spec.facts)
+    rules = []  # (rule, its conjuncts that read a fact) of the rules whose other conjuncts hold
+    for rule in spec.rules:
+        if rule.when is None:
+            rules.append((rule, ()))
+            continue
+        parts = _expr.conjuncts(rule.when)
+        if any(_expr.names_in(p) & fact_names for p in parts[:-1]):
+            # a fact conjunct guards a later one (which might fail without the guard): the whole chain per call
+            rules.append((rule, (rule.when,)))
+            continue
+        rest = tuple(p for p in parts if _expr.names_in(p) & fact_names)
+        if all(_expr.evaluate(p, view) for p in parts if p not in rest):
+            rules.append((rule, rest))
+    valid: dict[int, bool] = {}
+    out = []
+    for facts in facts_seq:
+        context = dict(view)
+        context.update(spec.dispatch_facts(facts, batch_invariant))
+        for i, (rule, rest) in enumerate(rules):
+            if not all(_expr.evaluate(p, context) for p in rest):
+                continue
+            if i not in valid:
+                valid[i] = spec.valid(params, dict(rule.use))
+            if valid[i]:
+                out.append(dict(rule.use))
+                break
+        else:
+            raise DispatchError(f"spec {spec.name}: no rule gives valid tunables for {dict(params)} with {dict(facts)}")
+    return out
 
 
 def explain(spec: Spec, params: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:

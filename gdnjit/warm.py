@@ -73,9 +73,11 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
             params = params_for(prob, arch)
             live = [t for t in tables if t.covers(spec.name, params, dict(prob.facts))]  # most problems: none
             for sms in counts:
-                for facts in iter_facts(prob, sms):
-                    choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts},
-                                               batch_invariant=batch_invariant)[0]]
+                all_facts = list(iter_facts(prob, sms))
+                ruled = dispatch.select_each(spec, params, [{f: facts[f] for f in spec.facts} for facts in all_facts],
+                                             batch_invariant=batch_invariant)
+                for facts, chosen in zip(all_facts, ruled):
+                    choices = [chosen]
                     for table in live:
                         t = table.lookup(spec.name, params, facts, batch_invariant)
                         if t is not None and spec.valid(params, t):

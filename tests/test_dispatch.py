@@ -251,3 +251,25 @@ def test_batch_invariant_mode_picks_one_variant_for_every_batch(with_tables):
                       for B in (1, 3, 32, 128, 512, 4096)}
             varies |= len(normal) > 1
     assert varies
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_select_each_equals_select_per_call(batch_invariant):
+    """dispatch.select_each (gdnjit warm's planner: the conjuncts that read no fact evaluated once per call) picks
+    what select picks for every batch size of every call in the shipped shapes files, sm_90 and sm_100a."""
+    from gdnjit import shapes, warm
+
+    n = 0
+    for name in shapes.shipped_shapes():
+        for prob in shapes.load_shapes(shapes.resolve_path(name)):
+            spec = get_spec(prob.spec)
+            for arch in ("sm_90", "sm_100a"):
+                params = shapes.params_for(prob, arch)
+                sms = warm.sm_counts_for(arch)[0]
+                facts = [{k: f[k] for k in spec.facts} for f in shapes.iter_facts(prob, sms)]
+                each = dispatch.select_each(spec, params, facts, batch_invariant)
+                assert len(each) == len(facts)
+                for f, chosen in zip(facts, each):
+                    assert chosen == dispatch.select(spec, params, f, batch_invariant=batch_invariant)[0], (params, f)
+                    n += 1
+    assert n > 1000
