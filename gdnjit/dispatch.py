@@ -31,50 +31,38 @@ def select(
     must be valid for the call's own params."""
     if tuned is not None and spec.valid(params, tuned):
         return dict(tuned), None
-    context = spec.dispatch_view(params)
-    context.update(spec.dispatch_facts(facts, batch_invariant))
-    for rule in spec.rules:
-        if rule.when is not None and not _expr.evaluate(rule.when, context):
-            continue
-        use = dict(rule.use)
-        if spec.valid(params, use):
-            return use, rule
-    raise DispatchError(f"spec {spec.name}: no rule gives valid tunables for {dict(params)} with {dict(facts)}")
+    return select_each(spec, params, [facts], batch_invariant)[0]
 
 
 def select_each(spec: Spec, params: Mapping[str, Any], facts_seq: Sequence[Mapping[str, Any]],
-                batch_invariant: bool = False) -> list[dict[str, Any]]:
-    """``select(spec, params, facts)[0]`` for each ``facts`` of ``facts_seq`` (one call's batch sizes and SM
-    counts: what ``gdnjit warm`` plans), with each rule's conjuncts that read no fact evaluated once for all of
-    them, and each rule's validity for the params checked once (a rule mostly fails on a param: T, the state
-    dtype, the mode)."""
+                batch_invariant: bool = False) -> list[tuple[dict[str, Any], Rule]]:
+    """The rules' (tunables, rule) for each ``facts`` of ``facts_seq`` with the same params (one call's batch sizes
+    and SM counts: what ``gdnjit warm`` plans; :func:`select` asks for one): each rule's conjuncts that read no fact
+    are evaluated once for all of them, and its validity for the params checked once (a rule mostly fails on a
+    param: T, the state dtype, the mode)."""
     view = spec.dispatch_view(params)
     fact_names = frozenset(spec.facts)
-    rules = []  # (rule, its conjuncts that read a fact) of the rules whose other conjuncts hold
-    for rule in spec.rules:
-        if rule.when is None:
-            rules.append((rule, ()))
-            continue
-        parts = _expr.conjuncts(rule.when)
-        if any(_expr.names_in(p) & fact_names for p in parts[:-1]):
-            # a fact conjunct guards a later one (which might fail without the guard): the whole chain per call
-            rules.append((rule, (rule.when,)))
-            continue
-        rest = tuple(p for p in parts if _expr.names_in(p) & fact_names)
-        if all(_expr.evaluate(p, view) for p in parts if p not in rest):
-            rules.append((rule, rest))
-    valid: dict[int, bool] = {}
+    holds: dict[int, tuple | None] = {}  # rule index -> its conjuncts that read a fact, None: another one fails
+
+    def fact_parts(i: int, rule: Rule) -> tuple | None:  # evaluated on first need, in rule order
+        if i not in holds:
+            parts = _expr.conjuncts(rule.when) if rule.when is not None else ()
+            if any(_expr.names_in(p) & fact_names for p in parts[:-1]):
+                rest, ok = (rule.when,), True  # a fact conjunct guards a later one: the whole chain per facts
+            else:
+                rest = tuple(p for p in parts if _expr.names_in(p) & fact_names)
+                ok = all(_expr.evaluate(p, view) for p in parts if p not in rest)
+            holds[i] = rest if ok and spec.valid(params, dict(rule.use)) else None
+        return holds[i]
+
     out = []
     for facts in facts_seq:
         context = dict(view)
         context.update(spec.dispatch_facts(facts, batch_invariant))
-        for i, (rule, rest) in enumerate(rules):
-            if not all(_expr.evaluate(p, context) for p in rest):
-                continue
-            if i not in valid:
-                valid[i] = spec.valid(params, dict(rule.use))
-            if valid[i]:
-                out.append(dict(rule.use))
+        for i, rule in enumerate(spec.rules):
+            rest = fact_parts(i, rule)
+            if rest is not None and all(_expr.evaluate(p, context) for p in rest):
+                out.append((dict(rule.use), rule))
                 break
         else:
             raise DispatchError(f"spec {spec.name}: no rule gives valid tunables for {dict(params)} with {dict(facts)}")

@@ -77,7 +77,7 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
                 ruled = dispatch.select_each(spec, params, [{f: facts[f] for f in spec.facts} for facts in all_facts],
                                              batch_invariant=batch_invariant)
                 for facts, chosen in zip(all_facts, ruled):
-                    choices = [chosen]
+                    choices = [chosen[0]]
                     for table in live:
                         t = table.lookup(spec.name, params, facts, batch_invariant)
                         if t is not None and spec.valid(params, t):
