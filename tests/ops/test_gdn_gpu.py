@@ -139,6 +139,7 @@ def test_scale_is_runtime():
     check(c2, run_case(c2, seed=6))
 
 
+@pytest.mark.big_memory
 def test_large_pool_offsets_past_2_31_bytes():
     """9000 slots x HV=64 x 128 x 128 fp32 = 37.7 GB: slot offsets far past 2^31 elements and bytes."""
     import gdnjit
