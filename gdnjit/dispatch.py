@@ -2,7 +2,8 @@
 
 Rules are tried in order; the first whose ``when`` holds over the runtime facts and params and
 whose tunables satisfy the spec's constraints for these params wins. A tuned table (written by
-``gdnjit tune``) takes precedence when it has an entry for the exact problem.
+``gdnjit tune``) takes precedence when it has an entry for the exact problem. Either way the spec's
+``retile`` entries then see the call's own params (not the dispatch view) with the chosen tunables.
 """
 
 from __future__ import annotations
@@ -30,8 +31,24 @@ def select(
     :meth:`Spec.dispatch_facts` does (``batch_invariant``: one batch value for all); the chosen tunables
     must be valid for the call's own params."""
     if tuned is not None and spec.valid(params, tuned):
-        return dict(tuned), None
+        return retiled(spec, params, dict(tuned), spec.dispatch_facts(facts, batch_invariant)), None
     return select_each(spec, params, [facts], batch_invariant)[0]
+
+
+def retiled(spec: Spec, params: Mapping[str, Any], tunables: dict[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
+    """``tunables`` as the first of the spec's ``retile`` entries whose ``when`` holds over the call's own params,
+    these tunables and ``facts`` (as dispatch sees them), and whose changed tunables are valid, changes them."""
+    if not spec.retile:
+        return tunables
+    context = dict(params)
+    context.update(tunables)
+    context.update(facts)
+    for r in spec.retile:
+        if _expr.evaluate(r.when, context):
+            changed = dict(tunables, **dict(r.use))
+            if spec.valid(params, changed):
+                return changed
+    return tunables
 
 
 def select_each(spec: Spec, params: Mapping[str, Any], facts_seq: Sequence[Mapping[str, Any]],
@@ -57,12 +74,13 @@ def select_each(spec: Spec, params: Mapping[str, Any], facts_seq: Sequence[Mappi
 
     out = []
     for facts in facts_seq:
+        seen = spec.dispatch_facts(facts, batch_invariant)
         context = dict(view)
-        context.update(spec.dispatch_facts(facts, batch_invariant))
+        context.update(seen)
         for i, rule in enumerate(spec.rules):
             rest = fact_parts(i, rule)
             if rest is not None and all(_expr.evaluate(p, context) for p in rest):
-                out.append((dict(rule.use), rule))
+                out.append((retiled(spec, params, dict(rule.use), seen), rule))
                 break
         else:
             raise DispatchError(f"spec {spec.name}: no rule gives valid tunables for {dict(params)} with {dict(facts)}")
@@ -84,5 +102,17 @@ def explain(spec: Spec, params: Mapping[str, Any], facts: Mapping[str, Any]) -> 
             lines.append(f"rule {i}: {use} violates {'; '.join(bad)}")
             continue
         lines.append(f"rule {i}: {'CHOSEN' if not chosen else 'also valid'} {use} ({rule.why.strip()})")
+        if not chosen:
+            picked = use
         chosen = True
+    if chosen and spec.retile:
+        final = retiled(spec, params, picked, facts)
+        context = {**params, **picked, **facts}
+        applied = False
+        for i, r in enumerate(spec.retile):
+            holds = _expr.evaluate(r.when, context)
+            applied_here = holds and not applied and final != picked and final == dict(picked, **dict(r.use))
+            applied |= applied_here
+            state = "APPLIED" if applied_here else "holds, not applied" if holds else "false"
+            lines.append(f"retile {i}: when `{r.when}` {state}" + (f": {final}" if applied_here else ""))
     return lines

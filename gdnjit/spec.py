@@ -29,6 +29,12 @@ Schema (see ``docs/specs.md`` for the guide)::
     invariant_batch: int         # optional: the batch fact's value the rules and tuned tables see in
                                  # batch-invariant mode (GDNJIT_BATCH_INVARIANT=1): one variant for every batch
     rules: [{when: expr?, use: {tunable: value}, why: str}]  # ordered; first valid match wins
+    retile_may_set: [tunable]    # optional: the tunables retile may change (those that leave the arithmetic
+                                 # alone, e.g. rows per thread): a call mode dispatch_params hides keeps its bits
+    retile: [{when: expr, use: {tunable: value}, why: str}]  # optional, ordered: after the rules or a tuned
+                                 # entry chose, the first entry whose when holds over the call's own params, the
+                                 # chosen tunables and the facts (as dispatch sees them), with valid tunables,
+                                 # changes those it names
     launch: {grid: expr, block: expr, smem: expr}             # over facts + variant values
     args: {name: ptr|i64|i32|f32}  # the kernel's one by-value argument struct, in order
 """
@@ -53,7 +59,7 @@ _SCALAR = (bool, int, float, str)
 _TOP_KEYS = {
     "name", "description", "template", "kernel_name", "module", "params", "param_domains", "tunables", "derived",
     "constraints", "facts", "batch_fact", "from_model", "model_checks", "from_arch", "rules", "launch", "args",
-    "dispatch_params", "invariant_batch",
+    "dispatch_params", "invariant_batch", "retile_may_set", "retile",
 }
 ARG_TYPES = ("ptr", "i64", "i32", "f32")
 
@@ -103,6 +109,8 @@ class Spec:
     module: str = ""  # the op module under gdnjit that builds this spec's calls ("" if none)
     dispatch_params: tuple[tuple[str, str], ...] = ()  # param -> expression over params: what dispatch sees
     invariant_batch: int = 0  # the batch fact's value dispatch sees in batch-invariant mode (0: none)
+    retile_may_set: tuple[str, ...] = ()  # the tunables a retile entry may change
+    retile: tuple[Rule, ...] = ()  # after the choice, over the call's own params + the chosen tunables + facts
 
     def dispatch_view(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` as the rules and tuned tables see them (``dispatch_params`` applied, each over the
@@ -259,6 +267,7 @@ class Spec:
         arch mappings, model checks), each once, in spec order."""
         texts = [e for _, e in self.derived] + [c.expr for c in self.constraints]
         texts += [r.when for r in self.rules if r.when is not None] + [e for _, e in self.launch]
+        texts += [r.when for r in self.retile]
         texts += [e for table in (self.domains, self.from_model, self.from_arch, self.dispatch_params) for _, e in table]
         texts += [c.expr for c in self.model_checks]
         return tuple(dict.fromkeys(texts))
@@ -461,6 +470,39 @@ def _dispatch_params(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str
     return tuple(out)
 
 
+def _retile(doc: LineDict, file: str, tunables: tuple, names: set) -> tuple[tuple[str, ...], tuple[Rule, ...]]:
+    """``retile_may_set`` (tunable names) and ``retile`` (entries whose ``when`` reads params, tunables and facts
+    and whose ``use`` sets some of those tunables to allowed values)."""
+    allowed = dict(tunables)
+    may_doc = doc.get("retile_may_set", LineList())
+    if not isinstance(may_doc, list) or any(n not in allowed for n in may_doc) or len(set(may_doc)) != len(may_doc):
+        raise _err(file, "retile_may_set", f"expected a list of distinct tunable names ({list(allowed)}), "
+                   f"got {may_doc!r}", doc, "retile_may_set")
+    may = tuple(may_doc)
+    entries_doc = doc.get("retile", LineList())
+    if not isinstance(entries_doc, list):
+        raise _err(file, "retile", "expected a list of {when, use, why}", doc, "retile")
+    out = []
+    for i, r in enumerate(entries_doc):
+        key = f"retile[{i}]"
+        if not isinstance(r, dict) or set(r) - {"when", "use", "why"} or not {"when", "use"} <= set(r):
+            raise _err(file, key, "expected a mapping with keys when and use (and why)", entries_doc, i)
+        use = r["use"]
+        if not isinstance(use, dict) or not use or set(use) - set(may):
+            raise _err(file, key + ".use", f"may set only the tunables retile_may_set lists ({list(may)}), got "
+                       f"{sorted(use) if isinstance(use, dict) else use!r}", r, "use")
+        for n, v in use.items():
+            if v not in allowed[n]:
+                raise _err(file, f"{key}.use.{n}", f"{v!r} is not an allowed value {list(allowed[n])}", use, n)
+        when = _expr_str(r["when"], file, key + ".when", r, "when")
+        missing = _expr.names_in(when) - names
+        if missing:
+            raise _err(file, key + ".when", f"may read params, tunables and facts; unknown names {sorted(missing)}",
+                       r, "when")
+        out.append(Rule(when, tuple(use.items()), str(r.get("why", "")), _line(entries_doc, i)))
+    return may, tuple(out)
+
+
 def _param_domains(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, str], ...]:
     """``param_domains``: integer params that accept any value for which an expression over the param
     alone holds; every listed value must be inside (the list is what warm and the checks enumerate)."""
@@ -586,6 +628,8 @@ def parse_spec(doc: Any, file: str) -> Spec:
                 raise _err(file, key + ".when", f"uses unknown names {sorted(missing)}", r, "when")
         rules.append(Rule(when, tuple((n, use[n]) for n in tunable_names), str(r.get("why", "")), _line(rules_doc, i)))
 
+    retile_may_set, retile = _retile(doc, file, tunables, set(dict(params)) | set(tunable_names) | set(facts))
+
     launch_doc = doc["launch"]
     if not isinstance(launch_doc, dict) or set(launch_doc) != {"grid", "block", "smem"}:
         raise _err(file, "launch", "expected a mapping with exactly grid, block, smem", doc, "launch")
@@ -610,7 +654,8 @@ def parse_spec(doc: Any, file: str) -> Spec:
         constraints=tuple(constraints), facts=facts, rules=tuple(rules), launch=tuple(launch),
         args=tuple(args_doc.items()), file=file, domains=domains, batch_fact=batch_fact, from_model=from_model,
         model_checks=tuple(model_checks), from_arch=tuple(from_arch), module=module,
-        dispatch_params=dispatch_params, invariant_batch=invariant_batch,
+        dispatch_params=dispatch_params, invariant_batch=invariant_batch, retile_may_set=retile_may_set,
+        retile=retile,
     )
     _check_fallbacks(spec, rules_doc)
     return spec

@@ -80,8 +80,9 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
                     choices = [chosen[0]]
                     for table in live:
                         t = table.lookup(spec.name, params, facts, batch_invariant)
-                        if t is not None and spec.valid(params, t):
-                            choices.append(t)
+                        if t is not None and spec.valid(params, t):  # as dispatch.select takes it
+                            seen_facts = spec.dispatch_facts({f: facts[f] for f in spec.facts}, batch_invariant)
+                            choices.append(dispatch.retiled(spec, params, dict(t), seen_facts))
                     for tunables in choices:
                         # sorted: a rule's tunables come in spec order, a tuned table's in JSON key order
                         memo = (spec.name, tuple(params.items()), tuple(sorted(tunables.items())), arch)

@@ -220,6 +220,30 @@ def test_ssm_scatter_and_dense_buffer_modes_get_the_same_variant():
             assert all(x == looked[0] for x in looked), (name, facts, base, looked)
 
 
+def test_one_token_varlen_calls_keep_the_native_lane_split():
+    """vLLM's one-token varlen call dispatches as the native call of its shape (dispatch_params), then gdn.yaml's retile
+    may change its rows per thread or per CTA, nothing else (the per-row arithmetic, hence the bits, stay the native
+    call's): over T = 1 shapes, state dtypes and batch regions, with the rules and each shipped tuned table. The retile
+    fires (bf16 state, B * HV 128: one 4-lane row per thread instead of two)."""
+    spec = get_spec("gdn")
+    tables = [None] + [t for _, t in _tables()]
+    fired = set()
+    for (K, V), sd, B, HV in itertools.product([(128, 128), (64, 64), (256, 256)], ["fp32", "bf16"],
+                                              [1, 2, 3, 4, 6, 8, 32, 512], [16, 32, 64]):
+        native = dict(_GDN_BASE, layout="klast", K=K, V=V, T=1, state_dtype=sd, in_dtype="bf16", inter_dtype="none",
+                      ssm_idx_dtype="none", pool=True)
+        varlen = dict(native, varlen=True, bounded=True, null_slot="nonpositive")
+        facts = dict(B=B, H=16, HV=HV, num_sms=132)
+        for table in tables:
+            looked = [None if table is None else table.lookup("gdn", p, facts) for p in (native, varlen)]
+            (n, _), (v, _) = [dispatch.select(spec, p, facts, tuned=t) for p, t in zip((native, varlen), looked)]
+            kept = [{k: x for k, x in t.items() if k not in spec.retile_may_set} for t in (n, v)]
+            assert kept[0] == kept[1], (K, sd, B, HV, n, v)
+            if v != n:
+                fired.add((sd, B * HV))
+    assert ("bf16", 128) in fired and all(sd == "bf16" for sd, _ in fired), fired
+
+
 def test_the_dispatch_view_maps_the_store_mode_and_the_index_flavour():
     spec = get_spec("gdn")
     p = dict(_GDN_BASE, layout="klast", K=128, V=128, T=4, state_dtype="bf16", in_dtype="bf16", pool=True,

@@ -1118,6 +1118,49 @@ def test_select_no_valid_rule(tmp_path):
         dispatch.select(broken, {"n": 32, "flag": False}, {"B": 200})
 
 
+TOY_RETILE = TOY.replace("launch:", """dispatch_params:
+  flag: "1 == 0"
+retile_may_set: [t]
+retile:
+  - when: "flag and t == 2 and B < 20"
+    use: {t: 1}
+    why: the hidden mode's own choice
+launch:""")
+
+
+def test_retile_sees_the_calls_own_params_after_rules_and_tuned(tmp_path):
+    """dispatch_params hides `flag` from the rules and tuned entries; retile then reads the call's own params, the
+    chosen tunables and the facts, and changes only what it names (when the result is valid)."""
+    toy = load_spec_file(write(tmp_path, TOY_RETILE, "toy.yaml"))
+    assert toy.retile_may_set == ("t",) and len(toy.retile) == 1
+    for flag in (False, True):
+        assert dispatch.select(toy, {"n": 128, "flag": flag}, {"B": 50})[0] == {"t": 2}  # B >= 20: retile's when false
+        assert dispatch.select(toy, {"n": 128, "flag": flag}, {"B": 200})[0] == {"t": 4}  # t == 4: no retile
+    tunables, rule = dispatch.select(toy, {"n": 128, "flag": True}, {"B": 15})
+    assert tunables == {"t": 1} and rule is toy.rules[1]
+    assert dispatch.select(toy, {"n": 128, "flag": False}, {"B": 15})[0] == {"t": 2}
+    assert dispatch.select(toy, {"n": 128, "flag": True}, {"B": 1}, tuned={"t": 2}) == ({"t": 1}, None)
+    assert dispatch.select_each(toy, {"n": 128, "flag": True}, [{"B": 15}, {"B": 50}]) == [
+        ({"t": 1}, toy.rules[1]), ({"t": 2}, toy.rules[1])]
+    assert dispatch.explain(toy, {"n": 128, "flag": True}, {"B": 15})[-1] == (
+        "retile 0: when `flag and t == 2 and B < 20` APPLIED: {'t': 1}")
+    assert dispatch.explain(toy, {"n": 128, "flag": False}, {"B": 15})[-1].endswith("` false")
+
+
+@pytest.mark.parametrize("old, new, key, reason", [
+    ("retile_may_set: [t]", "retile_may_set: [u]", "retile_may_set", "distinct tunable names"),
+    ("    use: {t: 1}\n    why: the hidden", "    use: {t: 3}\n    why: the hidden", "retile[0].use.t", "not an allowed"),
+    ("retile_may_set: [t]", "retile_may_set: []", "retile[0].use", "may set only the tunables"),
+    ('  - when: "flag and t == 2 and B < 20"', '  - when: "flag and per == 2"', "retile[0].when", "unknown names"),
+    ("    use: {t: 1}\n", "", "retile[0]", "keys when and use"),
+])
+def test_retile_errors(tmp_path, old, new, key, reason):
+    text = TOY_RETILE.replace(old, new)
+    assert text != TOY_RETILE
+    e = spec_error(tmp_path, text, key, None)
+    assert reason in str(e)
+
+
 def _first_valid_rule(spec, params, facts):
     ctx = {**params, **facts}
     for rule in spec.rules:
@@ -1169,10 +1212,12 @@ def test_explain_agrees_with_select():
                     f = dict(FACTS, B=B)
                     _, rule = dispatch.select(spec, p, f)
                     lines = dispatch.explain(spec, p, f)
-                    assert len(lines) == len(spec.rules)
+                    assert len(lines) == len(spec.rules) + len(spec.retile)  # a line per rule, then per retile entry
                     chosen = [i for i, line in enumerate(lines) if "CHOSEN" in line]
                     assert chosen == [spec.rules.index(rule)]
-                    assert all(re.match(rf"rule {i}: ", line) for i, line in enumerate(lines))
+                    assert all(re.match(rf"rule {i}: ", line) for i, line in enumerate(lines[:len(spec.rules)]))
+                    assert all(re.match(rf"retile {i}: .* false$", line)  # native calls: no retile applies
+                               for i, line in enumerate(lines[len(spec.rules):]))
 
 # ---- param_domains ------------------------------------------------------------------------------
 

@@ -610,6 +610,30 @@ def test_vllm_spec_matches_the_native_verify_bitwise(kind, T):
     assert torch.equal(pd, pool_n)
 
 
+@pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N", [8, 9, 16, 32])
+def test_vllm_varlen_decode_matches_the_native_decode_bitwise(N, sdt):
+    """vLLM's one-token varlen decode (cu_seqlens, 1-D slots) against the native decode of the same requests: same
+    outputs and pool bits. N * HV 64 / 72 / 128 / 256 cross the T = 1 rules' batch regions; at 128 with bf16 state the
+    varlen call runs the native 4-lane variant with one row per thread instead of two (gdn.yaml retile: the same
+    per-row arithmetic). (docs/design.md 4.8)"""
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N, sdt, 79)
+    qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
+    read = torch.tensor(random.Random(N).sample(range(1, 64), N), dtype=torch.int32, device=DEV)
+    cu = torch.arange(N + 1, dtype=torch.int32, device=DEV)
+    pool_n = pd.clone()
+    out_n = torch.full((N, 1, HV, V), float("nan"), dtype=torch.bfloat16, device=DEV)
+    o_c, _ = vllm.fused_sigmoid_gating_delta_rule_update(Ad, ad, bd, dd, qd, kd, vd, initial_state=pd, cu_seqlens=cu,
+                                                         ssm_state_indices=read, use_qk_l2norm_in_kernel=True)
+    gdnjit.gated_delta_rule_decode_pretranspose(qd.view(N, 1, H, K), kd.view(N, 1, H, K), vd.view(N, 1, HV, V), None,
+                                                Ad, ad.view(N, 1, HV), dd, bd.view(N, 1, HV), output=out_n,
+                                                initial_state=pool_n, initial_state_indices=read)
+    torch.cuda.synchronize()
+    assert torch.equal(o_c.reshape(out_n.shape), out_n)
+    assert torch.equal(pd, pool_n)
+    assert not torch.equal(pd, pool.to(DEV))  # the requests' slots were written
+
+
 def test_sglang_tree_graph_capture():
     """A captured SGLang tree verify replays with new drafts and new trees copied into its buffers."""
     N, T = 32, 8
