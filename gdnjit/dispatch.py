@@ -38,17 +38,22 @@ def select(
 def retiled(spec: Spec, params: Mapping[str, Any], tunables: dict[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
     """``tunables`` as the first of the spec's ``retile`` entries whose ``when`` holds over the call's own params,
     these tunables and ``facts`` (as dispatch sees them), and whose changed tunables are valid, changes them."""
-    if not spec.retile:
-        return tunables
+    hit = _retile_entry(spec, params, tunables, facts) if spec.retile else None
+    return tunables if hit is None else hit[1]
+
+
+def _retile_entry(spec: Spec, params: Mapping[str, Any], tunables: dict[str, Any],
+                  facts: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
+    """(index, changed tunables) of the retile entry that applies, or None."""
     context = dict(params)
     context.update(tunables)
     context.update(facts)
-    for r in spec.retile:
+    for i, r in enumerate(spec.retile):
         if _expr.evaluate(r.when, context):
             changed = dict(tunables, **dict(r.use))
             if spec.valid(params, changed):
-                return changed
-    return tunables
+                return i, changed
+    return None
 
 
 def select_each(spec: Spec, params: Mapping[str, Any], facts_seq: Sequence[Mapping[str, Any]],
@@ -106,13 +111,10 @@ def explain(spec: Spec, params: Mapping[str, Any], facts: Mapping[str, Any]) -> 
             picked = use
         chosen = True
     if chosen and spec.retile:
-        final = retiled(spec, params, picked, facts)
+        hit = _retile_entry(spec, params, picked, facts)
         context = {**params, **picked, **facts}
-        applied = False
         for i, r in enumerate(spec.retile):
-            holds = _expr.evaluate(r.when, context)
-            applied_here = holds and not applied and final != picked and final == dict(picked, **dict(r.use))
-            applied |= applied_here
-            state = "APPLIED" if applied_here else "holds, not applied" if holds else "false"
-            lines.append(f"retile {i}: when `{r.when}` {state}" + (f": {final}" if applied_here else ""))
+            state = (f"APPLIED: {hit[1]}" if hit is not None and hit[0] == i
+                     else "holds, not applied" if _expr.evaluate(r.when, context) else "false")
+            lines.append(f"retile {i}: when `{r.when}` {state}")
     return lines
