@@ -21,7 +21,7 @@ import pytest
 from gdnjit import cli
 from gdnjit.cache.store import ENTRY_DIR
 from gdnjit.config import set_config
-from gdnjit.shapes import load_shapes
+from gdnjit.shapes import SHAPES_DIR, load_shapes
 from gdnjit.warm import plan
 
 REPO = Path(__file__).resolve().parents[1]
@@ -113,6 +113,34 @@ def test_plan_lists_each_variant_once(planned):
     from gdnjit.cache import cache_key
 
     assert len({cache_key(v.key_fields) for v in planned}) == len(planned)
+
+
+def test_plan_retiles_a_tuned_entry_as_dispatch_does(tmp_path):
+    """A tuned entry's choice goes through the spec's retile in warm.plan as in dispatch.select: vLLM's one-token
+    varlen bf16 decode at B * HV 128 plans only the one-row-per-thread variant, from the rules and from a table entry
+    of the native call (both 4-lane 2-row choices)."""
+    from gdnjit import dispatch
+    from gdnjit.spec import get_spec
+
+    text = (SHAPES_DIR / "qwen35.yaml").read_text()
+    head = text[:text.index("models:")]
+    defaults = text[text.index("defaults:"):text.index("calls:")]
+    (tmp_path / "v.yaml").write_text(head + "models:\n  m: {H: 16, HV: 32, K: 128, V: 128, hidden: 2048, "
+                                     "intermediate: 512}\ntp: [1]\nbatch_sizes: [4]\n" + defaults + "calls:\n"
+                                     "  - name: varlen_decode\n    spec: gdn\n    params: {layout: klast, T: 1, "
+                                     "state_dtype: bf16, pool: true, varlen: true, bounded: true, null_slot: "
+                                     "nonpositive}\n")
+    problems = [p for p in load_shapes(tmp_path / "v.yaml") if p.spec == "gdn"]
+    assert len(problems) == 1
+    spec = get_spec("gdn")
+    params = dict(problems[0].params)
+    native = dict(params, varlen=False, bounded=False, null_slot="negative")
+    rule = dispatch.select(spec, native, dict(B=4, H=16, HV=32, num_sms=132))[0]
+    assert (rule["lanes_per_row"], rule["ilp"], rule["tile_v"]) == (4, 2, 32)
+    doc = {"arch": "sm_90", "entries": [{"spec": "gdn", "params": native, "facts": {"B": 4, "H": 16, "HV": 32},
+                                         "tunables": dict(rule, l2_prefetch=False)}]}
+    planned = [v for v in plan(problems, ["sm_90"], num_sms=[132], tuned=[doc]) if v.spec.name == "gdn"]
+    assert sorted((dict(v.tunables)["ilp"], dict(v.tunables)["l2_prefetch"]) for v in planned) == [(1, False), (1, True)]
 
 
 def test_warm_compiles_every_planned_variant(warmed, planned):
