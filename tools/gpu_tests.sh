@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Every GPU test (pytest -m gpu) in ten groups run side by side, one log per group, on a GPU machine.
+# Every GPU test (pytest -m gpu) in eleven groups run side by side, one log per group, on a GPU machine.
 #
 #   PYTHONPATH=$PWD bash tools/gpu_tests.sh LOGDIR [extra pytest args]
 #
 # The groups split tests/ops/test_gdn_gpu.py's forced-form grids (most of the NVRTC compiles) so the
-# machine's cores compile in parallel, and the other files into compat, spec step, replay and the rest (as one group
+# machine's cores compile in parallel, and the other files into compat (SGLang's, the rest: as one group the longest,
+# 425 s on an H100 beside the others: docs/bench/2026-11-27-h100-s31-gpu-tests.txt), spec step, replay and the rest (as one group
 # they were the longest: past 580 s beside the others on an H200, docs/bench/2026-11-26-h200-s27-gpu-tests.txt); together they select exactly what `pytest -m gpu` selects
 # (their collected counts add up to `pytest -m gpu --co -q`'s). The tests marked big_memory (a 35 GiB pool, the
 # scatter-vs-dense cases at B 64 / 128: ~40 GiB) run alone after them: beside the other groups they run out of
@@ -21,14 +22,15 @@ gdn=tests/ops/test_gdn_gpu.py
 tuned=tests/ops/test_tuned_gpu.py
 spec=tests/ops/test_spec_step_gpu.py
 replay=tests/ops/test_replay_gpu.py
-names=(rules forced-recurrent forced-pipe forced-mma forced-tc-kwarps compat spec-step replay other tuned)
+names=(rules forced-recurrent forced-pipe forced-mma forced-tc-kwarps compat-sglang compat-rest spec-step replay other tuned)
 args=(
   "$gdn -k 'not form_forced and not k_warps_forced'"
   "$gdn -k 'test_form_forced and (recurrent or chunk or lanes4x2)'"
   "$gdn -k 'test_form_forced and pipe and not mma'"
   "$gdn -k 'test_form_forced and mma'"
   "$gdn -k 'tc_form_forced or k_warps_forced'"
-  "tests/compat"
+  "tests/compat -k sglang"
+  "tests/compat -k 'not sglang'"
   "$spec"
   "$replay"
   "tests --ignore=$gdn --ignore=$tuned --ignore=tests/compat --ignore=$spec --ignore=$replay"
