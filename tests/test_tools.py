@@ -125,3 +125,29 @@ def test_ncu_segments_cuts_at_barriers(tmp_path, capsys):
     bad.write_text("a,b\n1,2\n")
     assert seg.main([str(bad)]) == 2
     assert "expected ncu's source page as CSV" in capsys.readouterr().err
+
+
+def test_gpu_tests_groups_partition_the_gpu_selection():
+    """tools/gpu_tests.sh's groups (run side by side) and its big_memory stage (alone after them) select every test
+    `pytest -m gpu` selects, each once: a group edit that drops or doubles tests shows here, not on the device."""
+    import shlex
+    import subprocess
+    import sys
+
+    script = ROOT / "tools" / "gpu_tests.sh"
+    groups = subprocess.run(
+        ["bash", "-c", f'source <(sed -n "/^gdn=/,/^)/p" {shlex.quote(str(script))}); printf "%s\\n" "${{args[@]}}"'],
+        capture_output=True, text=True, check=True, cwd=ROOT).stdout.splitlines()
+    assert len(groups) >= 10, groups
+
+    def collect(marker: str, args: list[str]) -> list[str]:
+        out = subprocess.run([sys.executable, "-m", "pytest", "-m", marker, "--co", "-q", "-p", "no:cacheprovider", *args],
+                             capture_output=True, text=True, cwd=ROOT)
+        assert out.returncode in (0, 5), out.stdout[-2000:] + out.stderr[-2000:]  # 5: nothing collected
+        return [line for line in out.stdout.splitlines() if "::" in line]
+
+    selected = [collect("gpu and not big_memory", shlex.split(g)) for g in groups]
+    selected.append(collect("gpu and big_memory", ["tests"]))
+    every = [n for ids in selected for n in ids]
+    assert len(every) == len(set(every)), "a test in two groups"
+    assert set(every) == set(collect("gpu", ["tests"]))
