@@ -222,9 +222,10 @@ def test_ssm_scatter_and_dense_buffer_modes_get_the_same_variant():
 
 def test_one_token_varlen_calls_keep_the_native_lane_split():
     """vLLM's one-token varlen call dispatches as the native call of its shape (dispatch_params), then gdn.yaml's retile
-    may change its rows per thread or per CTA, nothing else (the per-row arithmetic, hence the bits, stay the native
-    call's): over T = 1 shapes, state dtypes and batch regions, with the rules and each shipped tuned table. The retile
-    fires (bf16 state, B * HV 128: one 4-lane row per thread instead of two)."""
+    may change its rows per thread or per CTA and the L2 prefetch hint, nothing else (the per-row arithmetic, hence the
+    bits, stay the native call's): over T = 1 shapes, state dtypes and batch regions, with the rules and each shipped
+    tuned table. The retile fires where gdn.yaml says, nowhere else among these shapes: bf16 and fp32 state at
+    B * HV * V 128 * 128 (bf16 at V = 64 too), fp32 in the half-head region (B * HV 192 at V = 128)."""
     spec = get_spec("gdn")
     tables = [None] + [t for _, t in _tables()]
     fired = set()
@@ -240,8 +241,8 @@ def test_one_token_varlen_calls_keep_the_native_lane_split():
             kept = [{k: x for k, x in t.items() if k not in spec.retile_may_set} for t in (n, v)]
             assert kept[0] == kept[1], (K, sd, B, HV, n, v)
             if v != n:
-                fired.add((sd, B * HV))
-    assert ("bf16", 128) in fired and all(sd == "bf16" for sd, _ in fired), fired
+                fired.add((sd, V, B * HV))
+    assert fired == {("bf16", 128, 128), ("bf16", 64, 256), ("fp32", 128, 128), ("fp32", 128, 192)}, fired
 
 
 def test_the_dispatch_view_maps_the_store_mode_and_the_index_flavour():

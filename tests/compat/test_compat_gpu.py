@@ -611,12 +611,13 @@ def test_vllm_spec_matches_the_native_verify_bitwise(kind, T):
 
 
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N", [8, 9, 16, 32])
+@pytest.mark.parametrize("N", [8, 9, 16, 20, 24, 28, 32])
 def test_vllm_varlen_decode_matches_the_native_decode_bitwise(N, sdt):
     """vLLM's one-token varlen decode (cu_seqlens, 1-D slots) against the native decode of the same requests: same
-    outputs and pool bits. N * HV 64 / 72 / 128 / 256 cross the T = 1 rules' batch regions; at 128 with bf16 state the
-    varlen call runs the native 4-lane variant with one row per thread instead of two (gdn.yaml retile: the same
-    per-row arithmetic). (docs/design.md 4.8)"""
+    outputs and pool bits. N * HV 64 / 72 / 128 / 160 / 192 / 224 / 256 cross the T = 1 rules' batch regions; at 128
+    (both state dtypes) and 160..224 (fp32, the half-head rule) the varlen call runs the native variant's lanes with
+    other rows per thread or per CTA and the L2 prefetch (gdn.yaml retile: the same per-row arithmetic).
+    (docs/design.md 4.8)"""
     q, k, v, a, b, A_log, dtb, pool = _inputs(N, sdt, 79)
     qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
     read = torch.tensor(random.Random(N).sample(range(1, 64), N), dtype=torch.int32, device=DEV)
