@@ -225,7 +225,8 @@ def test_one_token_varlen_calls_keep_the_native_lane_split():
     may change its rows per thread or per CTA and the L2 prefetch hint, nothing else (the per-row arithmetic, hence the
     bits, stay the native call's): over T = 1 shapes, state dtypes and batch regions, with the rules and each shipped
     tuned table. The retile fires where gdn.yaml says, nowhere else among these shapes: bf16 and fp32 state at
-    B * HV * V 128 * 128 (bf16 at V = 64 too), fp32 in the half-head region (B * HV 192 at V = 128)."""
+    B * HV * V 128 * 128 (bf16 at V = 64 too), fp32 from the half-head region to the pool rule's whole heads (B * HV
+    192, 256 at V = 128), bf16 from B * HV 2048 at V = 128."""
     spec = get_spec("gdn")
     tables = [None] + [t for _, t in _tables()]
     fired = set()
@@ -242,7 +243,9 @@ def test_one_token_varlen_calls_keep_the_native_lane_split():
             assert kept[0] == kept[1], (K, sd, B, HV, n, v)
             if v != n:
                 fired.add((sd, V, B * HV))
-    assert fired == {("bf16", 128, 128), ("bf16", 64, 256), ("fp32", 128, 128), ("fp32", 128, 192)}, fired
+    assert fired == {("bf16", 128, 128), ("bf16", 64, 256), ("bf16", 128, 2048),
+                     ("bf16", 128, 8192), ("bf16", 128, 16384), ("bf16", 128, 32768), ("fp32", 128, 128),
+                     ("fp32", 128, 192), ("fp32", 128, 256)}, fired
 
 
 def test_the_dispatch_view_maps_the_store_mode_and_the_index_flavour():

@@ -45,7 +45,7 @@ def _token(q, k, v, a, b, A_log, dtb, S, l2norm=True, given=False):
     return r.output[0, 0], r.state[0]
 
 
-def _inputs(total, sdt, seed):
+def _inputs(total, sdt, seed, slots=64):
     g = torch.Generator(device="cpu").manual_seed(seed)
     bf = torch.bfloat16
     q = torch.randn(1, total, H, K, generator=g).to(bf)
@@ -55,7 +55,7 @@ def _inputs(total, sdt, seed):
     b = torch.randn(total, HV, generator=g).to(bf)
     A_log = torch.rand(HV, generator=g)
     dtb = torch.randn(HV, generator=g)
-    pool = (torch.randn(64, HV, V, K, generator=g) * 0.1).to(sdt)
+    pool = (torch.randn(slots, HV, V, K, generator=g) * 0.1).to(sdt)
     return q, k, v, a, b, A_log, dtb, pool
 
 
@@ -611,16 +611,17 @@ def test_vllm_spec_matches_the_native_verify_bitwise(kind, T):
 
 
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("N", [8, 9, 16, 20, 24, 28, 32])
+@pytest.mark.parametrize("N", [8, 9, 16, 20, 24, 28, 32, 256])
 def test_vllm_varlen_decode_matches_the_native_decode_bitwise(N, sdt):
     """vLLM's one-token varlen decode (cu_seqlens, 1-D slots) against the native decode of the same requests: same
-    outputs and pool bits. N * HV 64 / 72 / 128 / 160 / 192 / 224 / 256 cross the T = 1 rules' batch regions; at 128
-    (both state dtypes) and 160..224 (fp32, the half-head rule) the varlen call runs the native variant's lanes with
-    other rows per thread or per CTA and the L2 prefetch (gdn.yaml retile: the same per-row arithmetic).
+    outputs and pool bits. N * HV 64 / 72 / 128 / 160 / 192 / 224 / 256 / 2048 cross the T = 1 rules' batch regions;
+    at 128 (both state dtypes), 160..256 (fp32) and 2048 (bf16) the varlen call runs the native variant's lanes with
+    other rows per thread or per CTA or the L2 prefetch (gdn.yaml retile: the same per-row arithmetic).
     (docs/design.md 4.8)"""
-    q, k, v, a, b, A_log, dtb, pool = _inputs(N, sdt, 79)
+    slots = max(64, N + 8)
+    q, k, v, a, b, A_log, dtb, pool = _inputs(N, sdt, 79, slots)
     qd, kd, vd, ad, bd, Ad, dd, pd = _cuda(q, k, v, a, b, A_log, dtb, pool)
-    read = torch.tensor(random.Random(N).sample(range(1, 64), N), dtype=torch.int32, device=DEV)
+    read = torch.tensor(random.Random(N).sample(range(1, slots), N), dtype=torch.int32, device=DEV)
     cu = torch.arange(N + 1, dtype=torch.int32, device=DEV)
     pool_n = pd.clone()
     out_n = torch.full((N, 1, HV, V), float("nan"), dtype=torch.bfloat16, device=DEV)
