@@ -69,6 +69,27 @@ def test_bench_spec_floors_split_replayssm(capsys):
     assert all(not s[n].any() for n in ("rawk", "rawv", "g_cache", "beta_cache"))
 
 
+def test_bench_compat_force_takes_gdn_tunables_only(capsys):
+    """bench_compat --force: a JSON object of gdn tunables with allowed values (JSON types: 1 is not true), else one
+    line naming what was wrong (exit status 2 before any GPU work)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_compat", ROOT / "tools" / "bench_compat.py")
+    bcm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bcm)
+    ok = '{"lanes_per_row": 8, "ilp": 2, "tile_v": 64, "stage": false, "l2_prefetch": true}'
+    assert bcm.parse_force(ok) == dict(lanes_per_row=8, ilp=2, tile_v=64, stage=False, l2_prefetch=True)
+    for text, said in (("nope", "expected a JSON object of gdn tunables, got 'nope'"),
+                       ("{}", "expected a JSON object of gdn tunables"),
+                       ('{"lanes": 8}', "'lanes' is not a gdn tunable (expected one of lanes_per_row, ilp"),
+                       ('{"ilp": 3}', "ilp: expected one of [1, 2, 4], got 3"),
+                       ('{"stage": 1}', "stage: expected one of [false, true], got 1"),
+                       ('{"ilp": true}', "ilp: expected one of [1, 2, 4], got true")):
+        assert bcm.parse_force(text) is False
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("bench_compat: --force: ") and said in err, err
+
+
 def test_tune_shapes_files_plan_valid_variants():
     """The shapes files `gdnjit tune` is run with (tools/*.yaml) load, and every problem's params have a valid variant
     (a stale param name or value would only fail on the GPU machine, after the first compiles)."""

@@ -14,6 +14,11 @@ measured twice in alternation, at least 256 / B calls a graph):
                 vs native gated_delta_rule_mtp(intermediate_states_buffer, disable_state_update=True)
   sglang_tree   the same with a random EAGLE tree (retrieve_parent_token) vs the native chain verify
 Ratio = compat / native (target <= 1.05).
+
+--force JSON (e.g. '{"lanes_per_row": 8, "ilp": 2, "tile_v": 64, "stage": false}') runs both calls of every pair
+in the variant of those gdn tunables (tests/ops/gdn_cases.forcing: each call's choice with them applied, staging on
+unless named; a call no such variant takes fails): candidates for a spec `retile` entry are read by their compat
+column against an unforced run's native column (docs/perf.md v35, v36).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ from gdnjit.compat import sglang, vllm
 
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_common as bc  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "ops"))
 
 H, K, V = 16, 128, 128
 
@@ -127,17 +134,57 @@ def main() -> int:
     ap.add_argument("--hv", type=int, nargs="+", default=[32, 64])
     ap.add_argument("--t", type=int, nargs="+", default=[4])
     ap.add_argument("--state", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--force", default=None, metavar="JSON",
+                    help="gdn tunables forced on both calls of every pair (module docstring)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    force = parse_force(args.force) if args.force is not None else None
+    if force is False:
+        return 2
     if not torch.cuda.is_available():
         print("bench_compat: needs a CUDA GPU", file=sys.stderr)
         return 2
+    if force is not None:
+        from gdn_cases import forcing
+
+        with forcing(force):
+            return run(args, force)
+    return run(args, None)
+
+
+def parse_force(text: str) -> dict | bool:
+    """``--force``'s JSON as a dict of gdn tunables and allowed values; False (after a one-line error) otherwise."""
+    from gdnjit.spec import get_spec
+
+    tunables = dict(get_spec("gdn").tunables)
+    try:
+        force = json.loads(text)
+    except json.JSONDecodeError as e:
+        force = e
+    bad = None
+    if not isinstance(force, dict) or not force:
+        bad = f"expected a JSON object of gdn tunables, got {text!r}"
+    else:
+        for name, value in force.items():
+            if name not in tunables:
+                bad = f"{name!r} is not a gdn tunable (expected one of {', '.join(tunables)})"
+            elif value not in tunables[name] or type(value) is not type(tunables[name][0]):
+                bad = f"{name}: expected one of {json.dumps(list(tunables[name]))}, got {json.dumps(value)}"
+            if bad:
+                break
+    if bad:
+        print(f"bench_compat: --force: {bad}", file=sys.stderr)
+        return False
+    return force
+
+
+def run(args, force: dict | None) -> int:
     from gdnjit.timing import time_graph_us
 
     dev = torch.device("cuda", torch.cuda.current_device())
     l2 = bc.l2_bytes(dev)
     rows = []
-    print(f"{torch.cuda.get_device_name(dev)}")
+    print(f"{torch.cuda.get_device_name(dev)}" + (f", forced {json.dumps(force)}" if force else ""))
     print(f"{'mode':14s} {'state':5s} {'HV':>3s} {'B':>4s} {'T':>2s} {'native us':>10s} {'compat us':>10s} {'ratio':>6s}")
     for mode in args.modes:
         for sd in args.state:
@@ -166,7 +213,7 @@ def main() -> int:
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "compat.json"), "w") as f:
-            json.dump(dict(env=bc.env_info(dev), rows=rows), f, indent=1)
+            json.dump(dict(env=bc.env_info(dev), force=force, rows=rows), f, indent=1)
     return 0
 
 
