@@ -248,6 +248,33 @@ def test_one_token_varlen_calls_keep_the_native_lane_split():
                      ("fp32", 128, 192), ("fp32", 128, 256)}, fired
 
 
+def test_a_pool_strided_inside_a_slot_runs_the_dense_pools_variant_unless_that_prefetches():
+    """A pool strided inside a slot (FlashInfer's non-contiguous pools) dispatches as a dense one (dispatch_params), but
+    its tiles are not one range, so a variant with the L2 prefetch is invalid for it: wherever the dense pool's choice
+    (rules or a shipped tuned table) does not prefetch, the strided pool runs that very variant (the same bits); where
+    it does, the strided pool takes the next valid choice, and that one sometimes splits the lanes otherwise
+    (docs/api.md: its results then agree to rounding, not bit for bit)."""
+    spec = get_spec("gdn")
+    tables = [None] + [t for _, t in _tables()]
+    other_lanes = same = 0
+    for (K, V), sd, T, B, HV in itertools.product([(128, 128), (64, 64), (256, 256)], ["fp32", "bf16"],
+                                                  [1, 2, 3, 4, 8, 16], [1, 3, 4, 8, 32, 128, 512], [16, 64]):
+        dense = dict(_GDN_BASE, layout="klast", K=K, V=V, T=T, state_dtype=sd, in_dtype="bf16", inter_dtype="none",
+                     ssm_idx_dtype="none", pool=True)
+        strided = dict(dense, slot_strided=True)
+        facts = dict(B=B, H=16, HV=HV, num_sms=132)
+        for table in tables:
+            looked = [None if table is None else table.lookup("gdn", p, facts) for p in (dense, strided)]
+            (d, _), (s, _) = [dispatch.select(spec, p, facts, tuned=t) for p, t in zip((dense, strided), looked)]
+            assert not s["l2_prefetch"], (K, sd, T, B, HV, s)
+            if not d["l2_prefetch"]:
+                assert s == d, (K, sd, T, B, HV, d, s)
+                same += 1
+            else:
+                other_lanes += s["lanes_per_row"] != d["lanes_per_row"]
+    assert same and other_lanes, (same, other_lanes)
+
+
 def test_the_dispatch_view_maps_the_store_mode_and_the_index_flavour():
     spec = get_spec("gdn")
     p = dict(_GDN_BASE, layout="klast", K=128, V=128, T=4, state_dtype="bf16", in_dtype="bf16", pool=True,
