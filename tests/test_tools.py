@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import sys
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,7 @@ def test_bench_spec_floors_split_replayssm(capsys):
     assert all(not s[n].any() for n in ("rawk", "rawv", "g_cache", "beta_cache"))
 
 
-def test_bench_compat_force_takes_gdn_tunables_only(capsys):
+def test_bench_compat_force_takes_gdn_tunables_only(capsys, monkeypatch):
     """bench_compat --force: a JSON object of gdn tunables with allowed values (JSON types: 1 is not true), else one
     line naming what was wrong (exit status 2 before any GPU work)."""
     import importlib.util
@@ -85,7 +86,11 @@ def test_bench_compat_force_takes_gdn_tunables_only(capsys):
                        ('{"ilp": 3}', "ilp: expected one of [1, 2, 4], got 3"),
                        ('{"stage": 1}', "stage: expected one of [false, true], got 1"),
                        ('{"ilp": true}', "ilp: expected one of [1, 2, 4], got true")):
-        assert bcm.parse_force(text) is False
+        with pytest.raises(ValueError) as e:
+            bcm.parse_force(text)
+        assert said in str(e.value), e.value
+        monkeypatch.setattr(sys, "argv", ["bench_compat.py", "--force", text])
+        assert bcm.main() == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("bench_compat: --force: ") and said in err, err
 
@@ -153,7 +158,6 @@ def test_gpu_tests_groups_partition_the_gpu_selection():
     `pytest -m gpu` selects, each once: a group edit that drops or doubles tests shows here, not on the device."""
     import shlex
     import subprocess
-    import sys
 
     script = ROOT / "tools" / "gpu_tests.sh"
     groups = subprocess.run(

@@ -37,8 +37,6 @@ from gdnjit.compat import sglang, vllm
 sys.path.insert(0, os.path.dirname(__file__))
 import bench_common as bc  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "ops"))
-
 H, K, V = 16, 128, 128
 
 
@@ -138,13 +136,16 @@ def main() -> int:
                     help="gdn tunables forced on both calls of every pair (module docstring)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    force = parse_force(args.force) if args.force is not None else None
-    if force is False:
+    try:
+        force = parse_force(args.force) if args.force is not None else None
+    except ValueError as e:
+        print(f"bench_compat: --force: {e}", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("bench_compat: needs a CUDA GPU", file=sys.stderr)
         return 2
     if force is not None:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "ops"))
         from gdn_cases import forcing
 
         with forcing(force):
@@ -152,29 +153,22 @@ def main() -> int:
     return run(args, None)
 
 
-def parse_force(text: str) -> dict | bool:
-    """``--force``'s JSON as a dict of gdn tunables and allowed values; False (after a one-line error) otherwise."""
+def parse_force(text: str) -> dict:
+    """``--force``'s JSON as a dict of gdn tunables with allowed values; ValueError naming what is wrong otherwise."""
     from gdnjit.spec import get_spec
 
     tunables = dict(get_spec("gdn").tunables)
     try:
         force = json.loads(text)
-    except json.JSONDecodeError as e:
-        force = e
-    bad = None
+    except json.JSONDecodeError:
+        force = None
     if not isinstance(force, dict) or not force:
-        bad = f"expected a JSON object of gdn tunables, got {text!r}"
-    else:
-        for name, value in force.items():
-            if name not in tunables:
-                bad = f"{name!r} is not a gdn tunable (expected one of {', '.join(tunables)})"
-            elif value not in tunables[name] or type(value) is not type(tunables[name][0]):
-                bad = f"{name}: expected one of {json.dumps(list(tunables[name]))}, got {json.dumps(value)}"
-            if bad:
-                break
-    if bad:
-        print(f"bench_compat: --force: {bad}", file=sys.stderr)
-        return False
+        raise ValueError(f"expected a JSON object of gdn tunables, got {text!r}")
+    for name, value in force.items():
+        if name not in tunables:
+            raise ValueError(f"{name!r} is not a gdn tunable (expected one of {', '.join(tunables)})")
+        if value not in tunables[name] or type(value) is not type(tunables[name][0]):
+            raise ValueError(f"{name}: expected one of {json.dumps(list(tunables[name]))}, got {json.dumps(value)}")
     return force
 
 
