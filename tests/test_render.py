@@ -11,6 +11,7 @@ from gdnjit import compile as gcompile
 from gdnjit import dispatch
 from gdnjit import render as grender
 from gdnjit.errors import CompileError
+from gdnjit.gdn import NATIVE_CONVENTIONS
 from gdnjit.render import CTYPES, RenderError
 from gdnjit.spec import get_spec
 from gdnjit.variant import Variant
@@ -398,3 +399,49 @@ def test_a_compile_refuses_an_nvrtc_other_than_the_keys(monkeypatch):
             gcompile.compile_cubin('extern "C" __global__ void k() {}', "sm_90", "k")
     finally:
         gcompile.nvrtc_version.cache_clear()
+
+
+def _prefetch_body(src: str) -> str:
+    start = src.index("void prefetch_tile_l2(")
+    return src[start:src.index("#else", start)]
+
+
+ENGINE_VERIFY = dict(layout="klast", K=128, V=128, T=4, state_dtype="bf16", in_dtype="bf16", pool=True,
+                     varlen=True, bounded=True, update=False)
+
+
+@pytest.mark.parametrize("extra, lines", [
+    (dict(inter_indexed=True, padding="zero_state", inter_dtype="bf16"), ["(const idx_t*)p.inter_idx + n"]),
+    (dict(inter_indexed=True, padding="zero_state", inter_dtype="bf16", tree=True),
+     ["(const idx_t*)p.inter_idx + n", "(const int*)p.parent + n * p.parent_sn",
+      "(const int*)p.parent + n * p.parent_sn + T - 1"]),
+    (dict(update=True, ssm_idx_dtype="int32", inter_dtype="bf16"),
+     ["(const ssm_idx_t*)p.ssm_idx + n * p.ssm_sn", "(const ssm_idx_t*)p.ssm_idx + n * p.ssm_sn + (T - 1) * p.ssm_st"]),
+])
+def test_the_l2_prefetch_warms_the_indices_loaded_after_the_wait(extra, lines):
+    # each index the kernel loads after griddepcontrol.wait and the prefetch does not read itself is asked into L2:
+    # left cold, it alone was a DRAM round trip on that path (SGLang's buffer rows: docs/perf.md v38)
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    p.update(ENGINE_VERIFY, **NATIVE_CONVENTIONS)
+    p.update(extra)
+    tun = dict(FORM_TUNABLES["recurrent"], l2_prefetch=True)
+    body = _prefetch_body(Variant.make(spec, p, tun, "sm_90").source())
+    for addr in lines:
+        assert f'asm volatile("prefetch.global.L2 [%0];" :: "l"({addr}));' in body, addr
+    # and nothing of the kind where the call has no such index
+    p_plain = {n: v[0] for n, v in spec.params}
+    p_plain.update(ENGINE_VERIFY, **NATIVE_CONVENTIONS)
+    plain = _prefetch_body(Variant.make(spec, p_plain, tun, "sm_90").source())
+    assert "p.inter_idx" not in plain and "p.parent" not in plain and "p.ssm_idx" not in plain
+
+
+def test_the_l2_prefetch_leaves_a_slot_maps_write_slots_to_its_own_loads():
+    # with accepted counts the write slots are the 2-D slot map's row, which the prefetch loads itself to find the read
+    # slot; asked for again, vLLM's spec verify got slower (docs/perf.md v38)
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    p.update(ENGINE_VERIFY, **NATIVE_CONVENTIONS)
+    p.update(update=True, ssm_idx_dtype="int32", accepted=True)
+    body = _prefetch_body(Variant.make(spec, p, dict(FORM_TUNABLES["recurrent"], l2_prefetch=True), "sm_90").source())
+    assert "p.read_idx" in body and "p.ssm_idx" not in body
