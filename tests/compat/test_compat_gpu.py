@@ -586,10 +586,10 @@ def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree, T):
     assert torch.equal(buf_c, buf_n)
 
 
-@pytest.mark.parametrize("kind, T", [("unstaged", 4), ("unstaged", 8), ("pipe", 8), ("pipe4", 5)])
+@pytest.mark.parametrize("kind, T", [("unstaged", 4), ("unstaged", 8), ("pipe", 8), ("pipe4", 5), ("staged", 4)])
 def test_vllm_spec_matches_the_native_verify_bitwise(kind, T):
-    """vLLM's spec verify (bf16 state; the 1-warp variant of B >= 32, capped at 96 registers; the pipelined kernel)
-    against the native multi-token call doing the same work (the slot map as ssm_state_indices, the accepted column
+    """vLLM's spec verify (bf16 state; the 1-warp variant of B >= 32, capped at 96 registers; the pipelined kernel;
+    the staged 4-lane variant of B = 1, which asks ptxas for min blocks 1 where the native call does not) against the native multi-token call doing the same work (the slot map as ssm_state_indices, the accepted column
     as the read slot): same outputs and pool bits. (docs/design.md 4.8)"""
     N, sdt = 6, torch.bfloat16
     rng = random.Random(T)
