@@ -410,6 +410,15 @@ ENGINE_VERIFY = dict(layout="klast", K=128, V=128, T=4, state_dtype="bf16", in_d
                      varlen=True, bounded=True, update=False)
 
 
+def _engine_prefetch(**extra) -> str:
+    """The L2 prefetch function of an engine verify variant (K-last, T = 4, the recurrent form with the prefetch)."""
+    spec = get_spec("gdn")
+    p = {n: v[0] for n, v in spec.params}
+    p.update(ENGINE_VERIFY, **NATIVE_CONVENTIONS)
+    p.update(extra)
+    return _prefetch_body(Variant.make(spec, p, dict(FORM_TUNABLES["recurrent"], l2_prefetch=True), "sm_90").source())
+
+
 @pytest.mark.parametrize("extra, lines", [
     (dict(inter_indexed=True, padding="zero_state", inter_dtype="bf16"), ["(const idx_t*)p.inter_idx + n"]),
     (dict(inter_indexed=True, padding="zero_state", inter_dtype="bf16", tree=True),
@@ -421,27 +430,16 @@ ENGINE_VERIFY = dict(layout="klast", K=128, V=128, T=4, state_dtype="bf16", in_d
 def test_the_l2_prefetch_warms_the_indices_loaded_after_the_wait(extra, lines):
     # each index the kernel loads after griddepcontrol.wait and the prefetch does not read itself is asked into L2:
     # left cold, it alone was a DRAM round trip on that path (SGLang's buffer rows: docs/perf.md v38)
-    spec = get_spec("gdn")
-    p = {n: v[0] for n, v in spec.params}
-    p.update(ENGINE_VERIFY, **NATIVE_CONVENTIONS)
-    p.update(extra)
-    tun = dict(FORM_TUNABLES["recurrent"], l2_prefetch=True)
-    body = _prefetch_body(Variant.make(spec, p, tun, "sm_90").source())
+    body = _engine_prefetch(**extra)
     for addr in lines:
         assert f'asm volatile("prefetch.global.L2 [%0];" :: "l"({addr}));' in body, addr
     # and nothing of the kind where the call has no such index
-    p_plain = {n: v[0] for n, v in spec.params}
-    p_plain.update(ENGINE_VERIFY, **NATIVE_CONVENTIONS)
-    plain = _prefetch_body(Variant.make(spec, p_plain, tun, "sm_90").source())
+    plain = _engine_prefetch()
     assert "p.inter_idx" not in plain and "p.parent" not in plain and "p.ssm_idx" not in plain
 
 
 def test_the_l2_prefetch_leaves_a_slot_maps_write_slots_to_its_own_loads():
     # with accepted counts the write slots are the 2-D slot map's row, which the prefetch loads itself to find the read
     # slot; asked for again, vLLM's spec verify got slower (docs/perf.md v38)
-    spec = get_spec("gdn")
-    p = {n: v[0] for n, v in spec.params}
-    p.update(ENGINE_VERIFY, **NATIVE_CONVENTIONS)
-    p.update(update=True, ssm_idx_dtype="int32", accepted=True)
-    body = _prefetch_body(Variant.make(spec, p, dict(FORM_TUNABLES["recurrent"], l2_prefetch=True), "sm_90").source())
+    body = _engine_prefetch(update=True, ssm_idx_dtype="int32", accepted=True)
     assert "p.read_idx" in body and "p.ssm_idx" not in body
