@@ -262,7 +262,7 @@ def test_tc_form_variants_compile_clean():
 def test_engine_verify_variants_compile_clean():
     """SGLang's verify, chain and tree (its bf16 chain at T <= 4 in 1-warp CTAs asks for 18 CTAs per SM, a staged tree
     (fp32) for 32 warps per SM: docs/perf.md v21; at T > 4 that chain, and vLLM's bf16 spec verify in 1-warp CTAs, are
-    capped at 96 registers: v22; vLLM's staged 4-lane one asks for min blocks 1: v38), vLLM's spec verify and FlashInfer's bf16 verifies (its per-token scatter capped at T 2..8: v23): the
+    capped at 96 registers: v22; vLLM's and SGLang's staged 4-lane chains ask for min blocks 1: v38, v39), vLLM's spec verify and FlashInfer's bf16 verifies (its per-token scatter capped at T 2..8: v23): the
     dispatchers' kinds for them (the H200's at B = 1 and
     B >= 32, another staged one, the pipelined kernel with 2 and 4 items per CTA for chains) at T 2..8, both state
     dtypes, compile with no spills, no stack frame and no warnings, within the registers their min blocks or cap
@@ -312,10 +312,11 @@ def test_engine_verify_variants_compile_clean():
               and dict(v.params)["ssm_idx_dtype"] == "int32"}
     assert native == set(range(2, 9))  # FlashInfer's bf16 per-token scatter, T 2..8 (not its dense buffer: spills)
     # vLLM's staged 4-lane spec verify asks for min blocks 1 only to change ptxas' allocation (its dot products waited on
-    # shared-memory loads without it: docs/perf.md v38); SGLang's staged 4-lane verify and every other kind do not
-    hinted = {(dict(v.params)["accepted"], dict(v.params)["state_dtype"]) for v in todo
+    # shared-memory loads without it: docs/perf.md v38), SGLang's staged 4-lane chain too (v39); its tree and every
+    # other kind do not
+    hinted = {(dict(v.params)["accepted"], dict(v.params)["tree"], dict(v.params)["state_dtype"]) for v in todo
               if dict(v.values)["lanes_per_row"] == 4 and dict(v.values)["min_blocks"] == 1}
-    assert hinted == {(True, "fp32"), (True, "bf16")}
+    assert hinted == {(a, False, sd) for a in (True, False) for sd in ("fp32", "bf16")}
 
 
 def test_bf16_one_token_whole_head_ctas_fit_two_per_sm():
