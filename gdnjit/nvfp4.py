@@ -27,18 +27,23 @@ import torch
 
 from . import validate as _v
 from .errors import DtypeError
+from .reference.nvfp4 import FourOverSix
 from .runner import RUNNER, KernelCall, device_info
 from .sf_layout import SfLayout, padded_sf_shape, to_sf_layout
 from .spec import get_spec
 
-__all__ = ["nvfp4_quantize", "fp4_quantize", "dequantize_nvfp4", "SfLayout", "BACKENDS", "fast_math_from_env"]
+__all__ = ["nvfp4_quantize", "fp4_quantize", "dequantize_nvfp4", "SfLayout", "BACKENDS", "FourOverSix",
+           "fast_math_from_env", "four_over_six_from_env", "resolve_four_over_six"]
 
 SPEC = "nvfp4_quantize"
 BACKENDS = ("gdnjit", "cuda", "cute-dsl", "reference")
 """``gdnjit`` (and FlashInfer's spellings ``cuda`` / ``cute-dsl``, whose results FlashInfer keeps identical): the
-JIT kernel. ``reference``: the torch reference (slow, synchronises; any device). FlashInfer's ``cake`` (per-token
-activation scales) is not provided."""
+JIT kernel. ``reference``: the torch reference (slow, synchronises; any device). FlashInfer's ``cake`` (its
+experimental generated per-token kernel) is not provided: per-token scales run on the JIT kernel."""
 FAST_MATH_ENV = ("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISABLE_FP4_QUANT_FAST_MATH")
+FOUR_OVER_SIX_ENV = ("FLASHINFER_NVFP4_4OVER6", "FLASHINFER_NVFP4_4OVER6_ERR_MODE", "FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH",
+                     "FLASHINFER_NVFP4_4OVER6_E4M3_USE_256")
+PER_TOKEN_SCALE_RTOL = 1e-3  # FlashInfer's check that a per-token scale matches an explicit 4over6 recipe
 _UNSET = object()
 SF_VEC_SIZE = 16
 _IN_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8e4m3"}
@@ -133,38 +138,133 @@ def _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend) -> Sf
     return layout
 
 
-def _check_flashinfer_extras(per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6) -> None:
-    """FlashInfer 0.7.2's further nvfp4_quantize arguments: accepted at their off values; what gdnjit does not
-    provide raises NotImplementedError naming it, what FlashInfer itself refuses raises its ValueError."""
+def four_over_six_from_env(environ=None) -> Optional[FourOverSix]:
+    """FlashInfer's legacy 4over6 switch, read per call as FlashInfer does: on only when ``FLASHINFER_NVFP4_4OVER6``
+    is exactly ``"1"``, with ``FLASHINFER_NVFP4_4OVER6_ERR_MODE`` (``MAE`` (default) / ``MSE``, any case),
+    ``..._ERR_USE_FAST_MATH`` and ``..._E4M3_USE_256`` (each on when ``"1"``)."""
+    env = os.environ if environ is None else environ
+    if env.get("FLASHINFER_NVFP4_4OVER6") != "1":
+        return None
+    mode = env.get("FLASHINFER_NVFP4_4OVER6_ERR_MODE", "MAE")
+    if mode.upper() not in ("MAE", "MSE"):
+        raise ValueError(f"FLASHINFER_NVFP4_4OVER6_ERR_MODE: expected MAE or MSE, got {mode!r}")
+    return FourOverSix(mode.lower(), env.get("FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH") == "1",
+                       256 if env.get("FLASHINFER_NVFP4_4OVER6_E4M3_USE_256") == "1" else 448)
+
+
+def resolve_four_over_six(setting=_UNSET) -> Optional[FourOverSix]:
+    """An ``nvfp4_4over6`` argument as the recipe the kernels take: omitted -> the environment
+    (:func:`four_over_six_from_env`), None -> off, a :class:`FourOverSix` as is, or any object with FlashInfer's
+    ``NVFP44Over6Config`` fields (``e4m3_max`` 256 / 448, ``err_mode`` "MAE" / "MSE" or its enum, ``err_use_fast_math``)."""
+    if setting is _UNSET:
+        return four_over_six_from_env()
+    if setting is None:
+        return None
+    if isinstance(setting, FourOverSix):
+        cfg = setting
+    else:
+        try:
+            e4m3_max, mode, fp16 = setting.e4m3_max, setting.err_mode, setting.err_use_fast_math
+        except AttributeError:
+            raise TypeError(f"nvfp4_4over6: expected None, a FourOverSix or an object with FlashInfer's "
+                            f"NVFP44Over6Config fields, got {type(setting).__name__}") from None
+        name = mode.upper() if isinstance(mode, str) else getattr(mode, "name", None)
+        if name is None and isinstance(mode, int) and not isinstance(mode, bool):
+            name = {0: "MAE", 1: "MSE"}.get(mode)
+        if name not in ("MAE", "MSE"):
+            raise ValueError(f"nvfp4_4over6: err_mode expected MAE or MSE, got {mode!r}")
+        cfg = FourOverSix(name.lower(), fp16, e4m3_max)
+    if cfg.err_mode not in ("mae", "mse") or not isinstance(cfg.err_fp16, bool) or cfg.e4m3_max not in (256, 448):
+        raise ValueError(f"nvfp4_4over6: expected err_mode MAE / MSE, a bool err_use_fast_math and e4m3_max 256 / 448, "
+                         f"got {setting!r}")
+    return cfg
+
+
+def _check_flashinfer_extras(a, a_global_sf, backend, per_token_activation, expanded_idx_to_permuted_idx, out_scale,
+                             nvfp4_4over6) -> Optional[FourOverSix]:
+    """FlashInfer 0.7.2's further nvfp4_quantize arguments, checked as FlashInfer checks them; returns the 4over6
+    recipe (None: off). fp8 input has none: an explicit recipe is FlashInfer's ValueError, one from the environment is
+    ignored (as FlashInfer's CUDA backend does)."""
     if not isinstance(per_token_activation, bool):
         raise TypeError(f"per_token_activation: expected a bool, got {type(per_token_activation).__name__}")
+    explicit = nvfp4_4over6 is not _UNSET
+    four6 = resolve_four_over_six(nvfp4_4over6)
+    if getattr(a, "dtype", None) == torch.float8_e4m3fn and four6 is not None:
+        if explicit:
+            raise ValueError("nvfp4_4over6: NVFP4 4over6 requires float16 or bfloat16 input, got float8_e4m3fn")
+        four6 = None
     if per_token_activation:
-        raise NotImplementedError("per_token_activation: FlashInfer's per-token activation scales are not provided "
-                                  "by gdnjit (pass False)")
-    if expanded_idx_to_permuted_idx is not None:
-        raise ValueError("expanded_idx_to_permuted_idx: only with per_token_activation=True (as in FlashInfer)")
-    if out_scale is not None:
-        raise ValueError("out_scale: only with per_token_activation=True (as in FlashInfer)")
-    if nvfp4_4over6 is _UNSET:  # FlashInfer then reads its switch per call: on only when exactly "1"
-        if os.environ.get("FLASHINFER_NVFP4_4OVER6") == "1":
-            raise NotImplementedError("FLASHINFER_NVFP4_4OVER6=1: FlashInfer's 4over6 recipe is not provided by "
-                                      "gdnjit (unset the variable)")
-    elif nvfp4_4over6 is not None:
-        raise NotImplementedError("nvfp4_4over6: FlashInfer's 4over6 recipe is not provided by gdnjit (pass None)")
+        if out_scale is not None and backend == "cuda":
+            raise ValueError("out_scale: only with backend 'gdnjit', 'cute-dsl' or 'reference' (as in FlashInfer, "
+                             "not 'cuda')")
+        if expanded_idx_to_permuted_idx is not None and backend == "cute-dsl":
+            raise ValueError("expanded_idx_to_permuted_idx: not with backend 'cute-dsl' (as in FlashInfer)")
+        if explicit and isinstance(a_global_sf, (int, float)) and not isinstance(a_global_sf, bool):
+            want = 1.0 / ((448 if four6 is None else four6.e4m3_max) * 6.0)
+            if abs(float(a_global_sf) - want) > PER_TOKEN_SCALE_RTOL * want:
+                raise ValueError(f"a_global_sf: {a_global_sf!r} does not match the requested 4over6 recipe "
+                                 f"{four6!r}, which implies 1 / (e4m3_max * 6) = {want!r}")
+    else:
+        if out_scale is not None:
+            raise ValueError("out_scale: only with per_token_activation=True (as in FlashInfer)")
+        if expanded_idx_to_permuted_idx is not None:
+            raise ValueError("expanded_idx_to_permuted_idx: only with per_token_activation=True (as in FlashInfer)")
+    return four6
+
+
+def _row_map(row_map, M: int, device, require_cuda: bool):
+    """FlashInfer's expanded_idx_to_permuted_idx: a 1-D int32 tensor on ``a``'s device, at least M entries."""
+    if row_map is None:
+        return None
+    (_v.cuda_tensor if require_cuda else _v.tensor)("expanded_idx_to_permuted_idx", row_map)
+    if row_map.dtype != torch.int32:
+        raise DtypeError(f"expanded_idx_to_permuted_idx: expected dtype int32, got "
+                         f"{str(row_map.dtype).replace('torch.', '')}")
+    if row_map.dim() != 1 or row_map.numel() < M:
+        raise ValueError(f"expanded_idx_to_permuted_idx: expected a 1-D tensor of at least {M} entries (one per row "
+                         f"of a), got shape {tuple(row_map.shape)}")
+    if row_map.device != device:
+        raise ValueError(f"expanded_idx_to_permuted_idx: expected a tensor on {device} (like a), got {row_map.device}")
+    if row_map.stride(0) != 1:
+        raise ValueError(f"expanded_idx_to_permuted_idx: expected a contiguous tensor, got stride {row_map.stride()}")
+    return row_map
+
+
+def _out_scale(out_scale, device):
+    """(device pointer, the tensor to keep alive) of out_scale: a one-element float tensor (converted to float32 on
+    ``device``, a copy, where it is not) or a Python number."""
+    if out_scale is None:
+        return 0, None
+    if isinstance(out_scale, torch.Tensor):
+        if out_scale.numel() != 1 or not out_scale.dtype.is_floating_point:
+            raise ValueError(f"out_scale: expected a one-element float tensor, got shape {tuple(out_scale.shape)} "
+                             f"dtype {str(out_scale.dtype).replace('torch.', '')}")
+        t = out_scale.to(device=device, dtype=torch.float32)
+    elif isinstance(out_scale, (int, float)) and not isinstance(out_scale, bool):
+        t = torch.tensor([float(out_scale)], dtype=torch.float32, device=device)
+    else:
+        raise TypeError(f"out_scale: expected a one-element tensor or a number, got {type(out_scale).__name__}")
+    return t.data_ptr(), t
 
 
 def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, sf_vec_size=16, enable_pdl=None,
-             backend="gdnjit", require_cuda: bool = True, arch: Optional[str] = None, recipe: str = "fast"):
+             backend="gdnjit", require_cuda: bool = True, arch: Optional[str] = None, recipe: str = "fast", *,
+             per_token: bool = False, four_over_six: Optional[FourOverSix] = None, row_map=None, out_scale=None):
     """All argument checks and the output allocation.
 
     Returns ``(fp4, sf, call)`` where ``call`` is the named :class:`~gdnjit.runner.KernelCall`, or None
-    when there is nothing to launch (M == 0). ``require_cuda=False`` (with ``arch``, e.g.
-    ``'sm_90'``) lets CPU tests exercise every other check with CPU tensors. ``recipe``: the spec's
-    ``fast`` / ``exact`` (:func:`_recipe` turns FlashInfer's switch into it).
+    when there is nothing to launch (M == 0); with ``per_token`` ``(fp4, sf, per_token_scale, call)``.
+    ``require_cuda=False`` (with ``arch``, e.g. ``'sm_90'``) lets CPU tests exercise every other check with CPU
+    tensors. ``recipe``: the spec's ``fast`` / ``exact`` (:func:`_recipe` turns FlashInfer's switch into it);
+    ``four_over_six`` the 4over6 recipe (None: off); ``row_map`` / ``out_scale`` (per-token mode): FlashInfer's
+    ``expanded_idx_to_permuted_idx`` / ``out_scale``.
     """
     (_v.cuda_tensor if require_cuda else _v.tensor)("a", a)
     if a.dtype not in _IN_DTYPES:
         raise DtypeError(f"a: expected dtype float16, bfloat16 or float8_e4m3fn, got {str(a.dtype).replace('torch.', '')}")
+    if (per_token or four_over_six is not None) and a.dtype == torch.float8_e4m3fn:
+        raise DtypeError(f"a: per-token scales and 4over6 take float16 or bfloat16 input (as FlashInfer's), got "
+                         f"float8_e4m3fn")
     if a.dim() < 2:
         raise ValueError(f"a: expected at least 2 dims [M, K], got shape {tuple(a.shape)}")
     K = a.shape[-1]
@@ -193,10 +293,17 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
     if sf_rows * sf_cols > _MAX_SF_BYTES:
         raise ValueError(f"a: {M} rows of K={K} are too many for one call (at most 2^32 - 2^12 16-element blocks, "
                          f"padding included); split it")
-    fp4 = torch.empty((M, K // 2), dtype=torch.uint8, device=device)
-    sf = torch.empty((sf_rows, sf_cols), dtype=torch.uint8, device=device)
+    row_map = _row_map(row_map, M, device, require_cuda) if per_token else None
+    osc_ptr, osc_tensor = _out_scale(out_scale, device) if per_token else (0, None)
+    # a row map may leave rows out: their outputs are zeros (FlashInfer: the scales zeros, codes and per-token
+    # scales uninitialised)
+    alloc = torch.zeros if row_map is not None else torch.empty
+    fp4 = alloc((M, K // 2), dtype=torch.uint8, device=device)
+    sf = alloc((sf_rows, sf_cols), dtype=torch.uint8, device=device)
+    pts = alloc((M,), dtype=torch.float32, device=device) if per_token else None
+    outs = (fp4, sf, pts) if per_token else (fp4, sf)
     if M == 0:
-        return fp4, sf, None
+        return (*outs, None)
 
     if require_cuda:
         dev = device.index if device.index is not None else torch.cuda.current_device()
@@ -213,10 +320,13 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
     pdl = (arch_num >= _PDL_ARCH) if enable_pdl is None else enable_pdl  # None: where supported
     # the pdl param picks the variant that waits on griddepcontrol; the call's pdl launches it so
     params = dict(in_dtype=_IN_DTYPES[a.dtype], sf_layout=_LAYOUT_PARAM[layout], K=K, hw_e2m1=arch_num >= _HW_E2M1_ARCH,
-                  pdl=pdl, recipe=recipe)
+                  pdl=pdl, recipe=recipe, scale="token" if per_token else "tensor",
+                  four_over_six="off" if four_over_six is None else four_over_six.param)
     args = dict(x=x.data_ptr(), q=fp4.data_ptr(), sf=sf.data_ptr(), gs_ptr=gs_ptr, x_stride=x.stride(0), M=M,
-                sf_rows=sf_rows, gs_value=gs_value)
-    return fp4, sf, KernelCall(spec, params, dict(M=M), args, dev, pdl=pdl)
+                sf_rows=sf_rows, gs_value=gs_value, pts=pts.data_ptr() if per_token else 0,
+                perm=row_map.data_ptr() if row_map is not None else 0, osc_ptr=osc_ptr,
+                err_denom=6.0 * (448 if four_over_six is None else four_over_six.e4m3_max))
+    return (*outs, KernelCall(spec, params, dict(M=M), args, dev, pdl=pdl))
 
 
 def nvfp4_quantize(
@@ -264,17 +374,29 @@ def nvfp4_quantize(
         backend: ``"gdnjit"`` or FlashInfer's ``"cuda"`` / ``"cute-dsl"`` (the JIT kernel), or
             ``"reference"`` (the torch reference; slow, synchronises, works on any device). FlashInfer's
             ``"cake"``: NotImplementedError.
-        per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6: FlashInfer 0.7.2's
-            per-token scales and 4over6 recipe, not provided: accepted at their off values (False, None,
-            None, unset / None); per-token mode, a 4over6 config (or ``FLASHINFER_NVFP4_4OVER6=1``
-            enabling it) raise NotImplementedError; the index / out_scale without per-token
-            mode raise FlashInfer's ValueError.
+        per_token_activation: FlashInfer's per-token activation scales (fp16 / bf16 input): ``a_global_sf`` is
+            then the inverse base scale ``1 / (e4m3_max * 6)`` (a number, or a one-element tensor read by the
+            kernel), each row is quantized with its own scale from its amax, and the call returns those per-token
+            (decode) scales too (docs/design.md 5.6).
+        expanded_idx_to_permuted_idx: per-token mode: an int32 ``[>= M]`` row map on ``a``'s device; row
+            ``map[i]`` is quantized for each ``i < M`` (negative: none); rows no entry names get zero outputs.
+            FlashInfer's ValueError without per-token mode or with ``backend="cute-dsl"``.
+        out_scale: per-token mode: a scalar (one-element tensor or number) the returned per-token scales are
+            multiplied by (the codes and block scales do not change). FlashInfer's ValueError without per-token
+            mode or with ``backend="cuda"``.
+        nvfp4_4over6: FlashInfer's 4over6 block-scale search (fp16 / bf16 input): omitted -> its environment
+            switch ``FLASHINFER_NVFP4_4OVER6=1`` (with ``..._ERR_MODE``, ``..._ERR_USE_FAST_MATH``,
+            ``..._E4M3_USE_256``), read per call; None -> off; a :class:`FourOverSix` or FlashInfer's
+            ``NVFP44Over6Config`` -> that recipe (:func:`resolve_four_over_six`). Explicit with fp8 input:
+            ValueError (from the environment it is ignored for fp8, as FlashInfer does). In per-token mode with
+            an explicit recipe, a number ``a_global_sf`` must match ``1 / (e4m3_max * 6)`` within 1e-3.
         fast_math: the recipe. None (default): FlashInfer's switch, read per call as FlashInfer does:
             fast unless ``FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH`` (or ``TRTLLM_...``) is ``"1"``. False: the
             exact recipe (TransformerEngine's; docs/design.md section 5). fp8 input is always fast.
 
     Returns:
-        ``(fp4, sf)``: ``fp4`` uint8 ``[M, K // 2]`` (element ``2i`` in the low nibble);
+        ``(fp4, sf)``, or ``(fp4, sf, per_token_scale)`` (float32 ``[M]``) with ``per_token_activation``:
+        ``fp4`` uint8 ``[M, K // 2]`` (element ``2i`` in the low nibble);
         ``sf`` uint8 ``[padded_rows, padded_cols]`` of e4m3 bit patterns in ``sfLayout``
         (``128x4``: rows padded to 128 and columns to 4; ``8x4``: 8 and 4; ``linear``:
         ``[M, K // 16]``), padding written as 0. FlashInfer returns the same bytes viewed as
@@ -289,17 +411,23 @@ def nvfp4_quantize(
         TypeError / ValueError naming the argument: wrong types, dtypes, shapes, strides, devices,
         K not a multiple of 16 or above 2^20, unsupported options, unknown backend.
     """
-    _check_flashinfer_extras(per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6)
+    four6 = _check_flashinfer_extras(a, a_global_sf, backend, per_token_activation, expanded_idx_to_permuted_idx,
+                                     out_scale, nvfp4_4over6)
     recipe = _recipe(fast_math, getattr(a, "dtype", None))
     if backend == "reference" or backend not in BACKENDS:  # options (an unknown backend) before the device
         layout = _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)
         from .reference.nvfp4 import quantize_reference
 
-        return quantize_reference(a, a_global_sf, layout, recipe)
-    fp4, sf, call = _prepare(a, a_global_sf, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, recipe=recipe)
+        if per_token_activation:
+            return quantize_reference(a, a_global_sf, layout, recipe, per_token=True, four_over_six=four6,
+                                      row_map=expanded_idx_to_permuted_idx, out_scale=out_scale)
+        return quantize_reference(a, a_global_sf, layout, recipe, four_over_six=four6)
+    *outs, call = _prepare(a, a_global_sf, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, recipe=recipe,
+                           per_token=per_token_activation, four_over_six=four6, row_map=expanded_idx_to_permuted_idx,
+                           out_scale=out_scale)
     if call is not None:
         RUNNER.launch(call)
-    return fp4, sf
+    return tuple(outs)
 
 
 def fp4_quantize(
@@ -324,7 +452,8 @@ def fp4_quantize(
     ``is_sf_8x4_layout`` and 128x4 without. Returns ``(fp4 [..., K // 2], sf)`` with ``input``'s leading
     dims; ``sf`` as :func:`nvfp4_quantize` returns it. MXFP4 (``sf_vec_size=32`` / ``sf_use_ue8m0=True``) and
     a row-wise global scale (one value per row) are not provided: NotImplementedError; other sizes are
-    FlashInfer's NotImplementedError too. ``fast_math`` and the recipe switch as in :func:`nvfp4_quantize`.
+    FlashInfer's NotImplementedError too. ``fast_math``, the recipe switch and ``nvfp4_4over6`` as in
+    :func:`nvfp4_quantize`.
     """
     for name, flag in (("sf_use_ue8m0", sf_use_ue8m0), ("is_sf_swizzled_layout", is_sf_swizzled_layout),
                        ("is_sf_8x4_layout", is_sf_8x4_layout), ("is_global_scale_inversed", is_global_scale_inversed)):
@@ -332,6 +461,9 @@ def fp4_quantize(
             raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
     if isinstance(sf_vec_size, bool) or sf_vec_size not in (16, 32):
         raise NotImplementedError(f"sf_vec_size: can only be 16 or 32, got {sf_vec_size!r}")
+    if (sf_vec_size == 32 or sf_use_ue8m0) and nvfp4_4over6 is not _UNSET and nvfp4_4over6 is not None:
+        raise ValueError(f"nvfp4_4over6: applies to NVFP4 only (sf_vec_size=16, sf_use_ue8m0=False); got "
+                         f"sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0} (as in FlashInfer)")
     if sf_vec_size == 32 or sf_use_ue8m0:
         raise NotImplementedError("sf_vec_size=32 / sf_use_ue8m0=True: MXFP4 is not provided by gdnjit (NVFP4 only)")
     if backend not in ("cuda", "cute-dsl"):
@@ -389,7 +521,11 @@ def example_call(params: dict, facts: dict, device) -> Tuple[object, tuple]:
     them): the named call and the tensors it points into (keep them alive while it runs)."""
     dtype = {v: k for k, v in _IN_DTYPES.items()}[params["in_dtype"]]
     a = (torch.randn(facts["M"], params["K"], device=device) * 3).to(dtype)
-    gs = torch.tensor([448.0 * 6.0 / 10.0], device=device)
+    per_token = params["scale"] == "token"
+    gs = torch.tensor([1.0 / 2688.0 if per_token else 448.0 * 6.0 / 10.0], device=device)
     layout = {v: k for k, v in _LAYOUT_PARAM.items()}[params["sf_layout"]]
-    fp4, sf, call = _prepare(a, gs, layout, enable_pdl=params["pdl"])
-    return call, (a, gs, fp4, sf)
+    f6 = params["four_over_six"]
+    four6 = None if f6 == "off" else FourOverSix(f6[:3], f6.endswith("_fp16"))
+    *outs, call = _prepare(a, gs, layout, enable_pdl=params["pdl"], recipe=params["recipe"], per_token=per_token,
+                           four_over_six=four6)
+    return call, (a, gs, *outs)

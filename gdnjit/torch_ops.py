@@ -33,7 +33,8 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
         Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, Tensor? ssm_state_indices,
         bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices, bool zero_padding) -> ()
     nvfp4_quantize(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout,
-        bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend, bool fast_math) -> (Tensor, Tensor)
+        bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend, bool fast_math, bool per_token,
+        str four_over_six, int e4m3_max, Tensor? row_map, Tensor? out_scale) -> (Tensor, Tensor, Tensor)
     causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu,
         Tensor? conv_state_indices, Tensor? num_accepted_tokens, Tensor? query_start_loc,
         int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()
@@ -129,7 +130,8 @@ SCHEMAS = (
     "Tensor? ssm_state_indices, bool disable_state_update, bool use_qk_l2norm, "
     "Tensor? output_state_indices, bool zero_padding) -> ()",
     "(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, bool do_shuffle, int sf_vec_size, "
-    "bool? enable_pdl, str backend, bool fast_math) -> (Tensor, Tensor)",
+    "bool? enable_pdl, str backend, bool fast_math, bool per_token, str four_over_six, int e4m3_max, Tensor? row_map, "
+    "Tensor? out_scale) -> (Tensor, Tensor, Tensor)",
     "(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, SymInt m, "
     "SymInt k) -> Tensor",
     "(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu, Tensor? conv_state_indices, "
@@ -338,18 +340,26 @@ def _round_up(x, m):
 @torch.library.custom_op(f"{NAMESPACE}::nvfp4_quantize", mutates_args=(), schema=SCHEMAS[3])
 def _nvfp4_quantize_op(
     a: torch.Tensor, a_global_sf: Optional[torch.Tensor], a_global_sf_value: float, sfLayout: int,
-    do_shuffle: bool, sf_vec_size: int, enable_pdl: Optional[bool], backend: str, fast_math: bool,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    do_shuffle: bool, sf_vec_size: int, enable_pdl: Optional[bool], backend: str, fast_math: bool, per_token: bool,
+    four_over_six: str, e4m3_max: int, row_map: Optional[torch.Tensor], out_scale: Optional[torch.Tensor],
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gs = a_global_sf if a_global_sf is not None else a_global_sf_value
     if a.device.type == "cpu" and backend in ("gdnjit", "cuda", "cute-dsl"):
         backend = "reference"  # no kernel on the CPU: the reference is bit-identical
-    fp4, sf = _nvfp4.nvfp4_quantize(a, gs, sfLayout=sfLayout, do_shuffle=do_shuffle, sf_vec_size=sf_vec_size,
-                                    enable_pdl=enable_pdl, backend=backend, fast_math=fast_math)
-    return fp4, sf
+    four6 = None if four_over_six == "off" else _nvfp4.FourOverSix(four_over_six[:3], four_over_six.endswith("_fp16"),
+                                                                   e4m3_max)
+    out = _nvfp4.nvfp4_quantize(a, gs, sfLayout=sfLayout, do_shuffle=do_shuffle, sf_vec_size=sf_vec_size,
+                                enable_pdl=enable_pdl, backend=backend, per_token_activation=per_token,
+                                expanded_idx_to_permuted_idx=row_map, out_scale=out_scale, nvfp4_4over6=four6,
+                                fast_math=fast_math)
+    if not per_token:  # one schema for both modes: no per-token scales
+        return out[0], out[1], a.new_empty((0,), dtype=torch.float32)
+    return out
 
 
 @_nvfp4_quantize_op.register_fake
-def _(a, a_global_sf, a_global_sf_value, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, fast_math):
+def _(a, a_global_sf, a_global_sf_value, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, fast_math, per_token,
+      four_over_six, e4m3_max, row_map, out_scale):
     K = a.shape[-1]
     M = a.numel() // K
     n = K // 16
@@ -360,7 +370,8 @@ def _(a, a_global_sf, a_global_sf_value, sfLayout, do_shuffle, sf_vec_size, enab
         rows, cols = _round_up(M, 8), _round_up(n, 4)
     else:
         rows, cols = M, n
-    return (a.new_empty((M, K // 2), dtype=torch.uint8), a.new_empty((rows, cols), dtype=torch.uint8))
+    return (a.new_empty((M, K // 2), dtype=torch.uint8), a.new_empty((rows, cols), dtype=torch.uint8),
+            a.new_empty((M if per_token else 0,), dtype=torch.float32))
 
 
 @torch.library.custom_op(f"{NAMESPACE}::dequantize_nvfp4", mutates_args=(), schema=SCHEMAS[4])
@@ -382,13 +393,21 @@ def nvfp4_quantize(a: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,
                    per_token_activation: bool = False, expanded_idx_to_permuted_idx: Optional[torch.Tensor] = None,
                    out_scale: Optional[torch.Tensor] = None, nvfp4_4over6=_nvfp4._UNSET, *,
                    fast_math: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
-    """:func:`gdnjit.nvfp4_quantize` through ``torch.ops.gdnjit``; returns ``(fp4, sf)``. The recipe switch
-    (``fast_math`` or FlashInfer's environment variable) is read here, per call, and passed to the op."""
-    _nvfp4._check_flashinfer_extras(per_token_activation, expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6)
+    """:func:`gdnjit.nvfp4_quantize` through ``torch.ops.gdnjit``; returns ``(fp4, sf)``, or ``(fp4, sf,
+    per_token_scale)`` with ``per_token_activation``. The recipe switches (``fast_math``, ``nvfp4_4over6`` or
+    FlashInfer's environment variables) are read here, per call, and passed to the op."""
+    four6 = _nvfp4._check_flashinfer_extras(a, a_global_sf, backend, per_token_activation,
+                                            expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6)
     fast = _nvfp4._recipe(fast_math, getattr(a, "dtype", None)) == "fast"
     t, value = _split_global_sf(a_global_sf)
     layout = int(_nvfp4._layout(sfLayout))
-    return torch.ops.gdnjit.nvfp4_quantize(a, t, value, layout, do_shuffle, sf_vec_size, enable_pdl, backend, fast)
+    if isinstance(out_scale, (int, float)) and not isinstance(out_scale, bool):
+        out_scale = torch.tensor([float(out_scale)], dtype=torch.float32, device=a.device)
+    fp4, sf, pts = torch.ops.gdnjit.nvfp4_quantize(
+        a, t, value, layout, do_shuffle, sf_vec_size, enable_pdl, backend, fast, per_token_activation,
+        "off" if four6 is None else four6.param, 448 if four6 is None else four6.e4m3_max,
+        expanded_idx_to_permuted_idx, out_scale)
+    return (fp4, sf, pts) if per_token_activation else (fp4, sf)
 
 
 def dequantize_nvfp4(fp4: torch.Tensor, sf: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,

@@ -341,7 +341,8 @@ def test_list(cache_dir):
     assert rc == 0
     assert ("spec gdn (template gdn_{form}.cu.j2 (form=recurrent: gdn_recurrent.cu.j2, form=chunk: gdn_chunk.cu.j2, "
             "form=mma: gdn_mma.cu.j2, form=tc: gdn_tc.cu.j2))") in out
-    assert "spec nvfp4_quantize (template nvfp4_quantize.cu.j2)" in out
+    assert ("spec nvfp4_quantize (template nvfp4_{scale}.cu.j2 (scale=tensor: nvfp4_tensor.cu.j2, "
+            "scale=token: nvfp4_token.cu.j2))") in out
     assert "  param   layout: ['klast', 'kmajor']" in out
     assert "  tunable lanes_per_row: " in out
     assert "  rule 0: when " in out

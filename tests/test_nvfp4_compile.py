@@ -23,6 +23,7 @@ from gdnjit.spec import get_spec
 from gdnjit.variant import Variant
 
 SPEC = get_spec("nvfp4_quantize")
+TENSOR = dict(scale="tensor", four_over_six="off")  # one global scale, the plain NVFP4 search
 ARCHS = (("sm_90", False), ("sm_100a", True))  # the op sets hw_e2m1 from the device arch
 
 
@@ -58,9 +59,20 @@ def all_selectable_variants() -> list[Variant]:
                     # one K compiles it too (every layout, dtype, arch, pdl)
                     recipes = ("fast", "exact") if in_dtype != "fp8e4m3" and K == 7168 else ("fast",)
                     for pdl, recipe in itertools.product((False, True), recipes):
-                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl, recipe=recipe)
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl, recipe=recipe, **TENSOR)
                         for tun in selectable_tunables(params):
                             variants.append(Variant.make(SPEC, params, tun, arch))
+        # FlashInfer's 4over6 search (both forms) and the per-token form: fp16 / bf16, both recipes, every layout; the
+        # per-token form at a K with and without padding columns
+        for in_dtype, layout, recipe, four6 in itertools.product(("fp16", "bf16"), SPEC.allowed("sf_layout"),
+                                                                 ("fast", "exact"), SPEC.allowed("four_over_six")):
+            for scale, K in (("tensor", 7168), ("token", 48), ("token", 7168)):
+                if scale == "tensor" and four6 == "off":
+                    continue  # above
+                params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=True, recipe=recipe, scale=scale,
+                              four_over_six=four6)
+                for tun in selectable_tunables(params):
+                    variants.append(Variant.make(SPEC, params, tun, arch))
     return variants
 
 
@@ -70,7 +82,7 @@ def test_k_sample_covers_the_constants_classes():
     assert {(K // 16) % 4 for K in K_SAMPLE} == {0, 1, 2, 3}
 
 
-_K_LINES = ("// nvfp4_quantize: ", "//   blocks_per_thread=", "constexpr int K = ", "constexpr int NB = ",
+_K_LINES = ("// nvfp4_quantize: ", "//   blocks_per_thread=", "//   recipe=", "constexpr int K = ", "constexpr int NB = ",
             "constexpr int SF_COLS = ")
 
 
@@ -79,12 +91,17 @@ def test_k_changes_only_the_constants(arch, hw):
     """For every other param and tunable, two K values render sources that differ only in the lines that
     state K, the blocks per row and the scale columns: what the sampled compile checks rely on."""
     for in_dtype in SPEC.allowed("in_dtype"):
-        for layout in SPEC.allowed("sf_layout"):
-            for pdl in (False, True):
+        for layout, pdl, scale in itertools.product(SPEC.allowed("sf_layout"), (False, True), SPEC.allowed("scale")):
+            if scale == "token" and in_dtype == "fp8e4m3":
+                continue  # (the template refuses it)
+            for four6 in ("off", "mse_fp16") if in_dtype != "fp8e4m3" else ("off",):
                 for tun in SPEC.all_tunable_choices():
+                    if scale == "token" and tun["blocks_per_thread"] != 1:
+                        continue
                     sources = []
                     for K in (64, 28672):  # both valid for every blocks_per_thread
-                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl, recipe="fast")
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=hw, pdl=pdl, recipe="fast",
+                                      scale=scale, four_over_six=four6)
                         assert not SPEC.violations(params, tun)
                         sources.append(Variant.make(SPEC, params, tun, arch).source().splitlines())
                     a, b = sources
@@ -119,7 +136,7 @@ def test_rules_pick_valid_variants_and_grid_covers_the_padded_rows():
             for layout in SPEC.allowed("sf_layout"):
                 for K in (16, 48, 64, 2048, 7168, 28672):
                     for M in (1, 3, 127, 128, 1000, 4096, 70000):
-                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=False, pdl=False, recipe="fast")
+                        params = dict(in_dtype=in_dtype, sf_layout=layout, K=K, hw_e2m1=False, pdl=False, recipe="fast", **TENSOR)
                         tun, _ = dispatch.select(SPEC, params, dict(M=M, num_sms=num_sms))
                         assert tun in selectable_tunables(params)
                         values = SPEC.variant_values(params, tun)
@@ -131,6 +148,21 @@ def test_rules_pick_valid_variants_and_grid_covers_the_padded_rows():
                         items = sf_rows * values["sf_cols"] // tun["blocks_per_thread"]  # scale-byte groups
                         assert grid * threads >= items
                         assert (grid - 1) * threads < items
+
+
+def test_token_form_is_one_cta_per_padded_row():
+    """The per-token form: the rule takes it at every M (1-block threads), one CTA per row of the padded scale buffer
+    (the CTAs past the last row write the padding rows' zero scales)."""
+    launch = dict(SPEC.launch)
+    for layout, K, M in itertools.product(SPEC.allowed("sf_layout"), (16, 48, 7168), (1, 3, 127, 128, 129, 70000)):
+        params = dict(in_dtype="fp16", sf_layout=layout, K=K, hw_e2m1=False, pdl=True, recipe="exact", scale="token",
+                      four_over_six="mae")
+        tun, _ = dispatch.select(SPEC, params, dict(M=M, num_sms=132))
+        assert tun == dict(blocks_per_thread=1, threads=128)
+        values = SPEC.variant_values(params, tun)
+        ctx = dict(values, M=M, num_sms=132)
+        assert _expr.evaluate(launch["grid"], ctx) == -(-M // values["row_pad"]) * values["row_pad"]
+        assert _expr.evaluate(launch["block"], ctx) == 128
 
 
 def _sf_coords(o: np.ndarray, layout: str, n: int, cols: int) -> tuple[np.ndarray, np.ndarray]:
@@ -161,7 +193,7 @@ def test_thread_mapping_writes_every_scale_byte_once(layout):
             table = sf_offsets(rows, cols, layout).numpy()
             for tun in SPEC.all_tunable_choices():
                 bpt, threads = tun["blocks_per_thread"], tun["threads"]
-                params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False, pdl=False, recipe="fast")
+                params = dict(in_dtype="bf16", sf_layout=layout, K=K, hw_e2m1=False, pdl=False, recipe="fast", **TENSOR)
                 if SPEC.violations(params, tun):
                     continue
                 values = SPEC.variant_values(params, tun)
@@ -181,7 +213,7 @@ def test_thread_mapping_writes_every_scale_byte_once(layout):
 
 
 def test_small_m_uses_small_ctas():
-    params = dict(in_dtype="bf16", sf_layout="128x4", K=7168, hw_e2m1=False, pdl=False, recipe="fast")
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=7168, hw_e2m1=False, pdl=False, recipe="fast", **TENSOR)
     small, _ = dispatch.select(SPEC, params, dict(M=1, num_sms=132))
     large, _ = dispatch.select(SPEC, params, dict(M=16384, num_sms=132))
     assert small["blocks_per_thread"] == 1 and small["threads"] == 64
@@ -189,7 +221,7 @@ def test_small_m_uses_small_ctas():
 
 
 def test_hw_instruction_only_in_hw_variants():
-    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, pdl=False, recipe="fast")
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, pdl=False, recipe="fast", **TENSOR)
     tun = dict(blocks_per_thread=1, threads=128)
     sw = Variant.make(SPEC, dict(params, hw_e2m1=False), tun, "sm_90").source()
     hw = Variant.make(SPEC, dict(params, hw_e2m1=True), tun, "sm_100a").source()
@@ -202,7 +234,7 @@ def test_hw_instruction_only_in_hw_variants():
 def test_pdl_wait_before_any_memory_access_from_sm_90():
     """The pdl variant waits for the previous grid (griddepcontrol.wait) before any global access;
     the other variants have no griddepcontrol at all; sm_89 has no such instruction."""
-    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True, recipe="fast")
+    params = dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True, recipe="fast", **TENSOR)
     tun = dict(blocks_per_thread=1, threads=128)
     src = Variant.make(SPEC, params, tun, "sm_90").source()
     body = src[src.index("(const Args p) {"):]
@@ -214,13 +246,29 @@ def test_pdl_wait_before_any_memory_access_from_sm_90():
     with pytest.raises(CompileError) as info:  # the template refuses it before sm_90
         Variant.make(SPEC, params, tun, "sm_89").build()
     assert "pdl needs sm_90" in info.value.log
+    token = dict(params, scale="token", four_over_six="mse")  # the per-token form likewise
+    body = Variant.make(SPEC, token, tun, "sm_90").source()
+    body = body[body.index("(const Args p) {"):]
+    assert body.index("griddepcontrol.wait;") < min(body.index(x) for x in ("p.sf", "p.x", "p.q", "p.gs_ptr", "p.perm"))
+    assert "griddepcontrol" not in Variant.make(SPEC, dict(token, pdl=False), tun, "sm_90").source()
+
+
+def test_the_templates_refuse_fp8_where_flashinfer_does():
+    """fp8 input has neither per-token scales nor 4over6 (the op refuses both first)."""
+    tun = dict(blocks_per_thread=1, threads=128)
+    for extra, needle in ((dict(scale="token", four_over_six="off"), "per-token scales take fp16 / bf16"),
+                          (dict(scale="tensor", four_over_six="mae"), "4over6 takes fp16 / bf16")):
+        params = dict(in_dtype="fp8e4m3", sf_layout="128x4", K=64, hw_e2m1=False, pdl=False, recipe="fast", **extra)
+        with pytest.raises(CompileError) as info:
+            Variant.make(SPEC, params, tun, "sm_90").build()
+        assert needle in info.value.log
 
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_103a", "sm_120a"])
 def test_other_targets_compile(arch):
     hw = arch != "sm_89"
     for in_dtype in SPEC.allowed("in_dtype"):
-        meta = Variant.make(SPEC, dict(in_dtype=in_dtype, sf_layout="128x4", K=7168, hw_e2m1=hw, pdl=False, recipe="fast"),
+        meta = Variant.make(SPEC, dict(in_dtype=in_dtype, sf_layout="128x4", K=7168, hw_e2m1=hw, pdl=False, recipe="fast", **TENSOR),
                             dict(blocks_per_thread=2, threads=256), arch).build().meta
         assert meta["spill_bytes"] == 0 and not meta["warnings"]
 

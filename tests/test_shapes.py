@@ -223,7 +223,8 @@ def test_nvfp4_call_binds_k_from_model_dims(tmp_path):
     doc = small_doc()
     doc["models"]["m"].update(hidden=2048, intermediate=768)
     doc["calls"].append({"name": "quant", "spec": "nvfp4_quantize",
-                         "params": {"in_dtype": "bf16", "sf_layout": "128x4", "pdl": True, "recipe": "fast"},
+                         "params": {"in_dtype": "bf16", "sf_layout": "128x4", "pdl": True, "recipe": "fast",
+                                    "scale": "tensor", "four_over_six": "off"},
                          "from_model": {"K": ["hidden", "intermediate / tp"]}, "batch_sizes": [16, 8192]})
     nv = [p for p in load_shapes(write(tmp_path, dump(doc))) if p.spec == "nvfp4_quantize"]
     assert {(p.tp, dict(p.params)["K"]) for p in nv} == {(1, 2048), (1, 768), (2, 2048), (2, 384)}
@@ -234,7 +235,8 @@ def test_k_outside_the_list_but_in_the_domain(tmp_path):
     doc = small_doc()
     doc["models"]["m"].update(hidden=7680)
     doc["calls"] = [{"name": "q", "spec": "nvfp4_quantize", "from_model": {"K": "hidden"},
-                     "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "recipe": "exact"}}]
+                     "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "recipe": "exact", "scale": "token",
+                                "four_over_six": "mae"}}]
     doc["defaults"] = {}
     assert {dict(p.params)["K"] for p in load_shapes(write(tmp_path, dump(doc)))} == {7680}
     doc["models"]["m"]["hidden"] = 7688
@@ -248,7 +250,8 @@ def test_tp_not_dividing_a_bound_dim(tmp_path):
     doc["models"]["m"].update(H=32, HV=32, hidden=2048, intermediate=1008)
     doc["tp"] = [1, 32]
     doc["calls"] = [{"name": "q", "spec": "nvfp4_quantize", "from_model": {"K": "intermediate / tp"},
-                     "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "recipe": "exact"}}]
+                     "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "recipe": "exact", "scale": "token",
+                                "four_over_six": "mae"}}]
     doc["defaults"] = {}
     text = dump(doc)
     e = shapes_error(tmp_path, text, "tp", line_of(text, r"^tp:"))
@@ -265,7 +268,8 @@ def test_bad_from_model(tmp_path, bind, key, reason):
     doc = small_doc()
     doc["models"]["m"]["hidden"] = 2048
     doc["calls"].append({"name": "q", "spec": "nvfp4_quantize", "from_model": bind,
-                         "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "recipe": "exact"}})
+                         "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "recipe": "exact", "scale": "token",
+                                "four_over_six": "mae"}})
     text = dump(doc)
     e = shapes_error(tmp_path, text, key, None)
     assert reason in e.reason
@@ -478,7 +482,8 @@ def test_arch_params_are_not_set_by_shapes_files(tmp_path):
     doc = small_doc()
     doc["models"]["m"]["hidden"] = 2048
     doc["calls"].append({"name": "q", "spec": "nvfp4_quantize", "from_model": {"K": "hidden"},
-                         "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "recipe": "fast", "hw_e2m1": True}})
+                         "params": {"in_dtype": "bf16", "sf_layout": "linear", "pdl": False, "recipe": "fast", "hw_e2m1": True,
+                                    "scale": "tensor", "four_over_six": "off"}})
     text = dump(doc)
     e = shapes_error(tmp_path, text, "calls[1].params", None)
     assert "['hw_e2m1']: set from the target arch" in e.reason

@@ -158,9 +158,13 @@ def test_gdn_loads():
     assert spec.template == "gdn_{form}.cu.j2" and spec.template_fields == ("form",)
     assert [t for _, t in spec.template_expansions()] == [f"gdn_{f}.cu.j2" for f in spec.allowed("form")]
     assert spec.template_for({"form": "mma", "K": 64}) == "gdn_mma.cu.j2"
-    plain = get_spec("nvfp4_quantize")
-    assert plain.template == "nvfp4_quantize.cu.j2" and plain.template_fields == ()
-    assert plain.template_for({}) == "nvfp4_quantize.cu.j2" and plain.describe_template() == "nvfp4_quantize.cu.j2"
+    plain = get_spec("causal_conv1d_update")
+    assert plain.template == "causal_conv1d_update.cu.j2" and plain.template_fields == ()
+    assert plain.template_for({}) == "causal_conv1d_update.cu.j2"
+    assert plain.describe_template() == "causal_conv1d_update.cu.j2"
+    nv = get_spec("nvfp4_quantize")  # one template per form: one global scale, per-token scales
+    assert nv.template == "nvfp4_{scale}.cu.j2" and nv.template_fields == ("scale",)
+    assert [t for _, t in nv.template_expansions()] == ["nvfp4_tensor.cu.j2", "nvfp4_token.cu.j2"]
     assert spec.kernel_name == "gdn_step"
     assert spec.param_names == tuple(GDN["params"])
     assert spec.allowed("K") == (64, 128, 256)
@@ -1047,7 +1051,7 @@ def test_all_tunable_choices():
 TOY = """\
 name: toy
 description: toy spec for dispatch tests
-template: nvfp4_quantize.cu.j2
+template: causal_conv1d_update.cu.j2
 kernel_name: toy
 params:
   n: [32, 64, 128]
@@ -1229,7 +1233,8 @@ def test_param_domain_accepts_values_beyond_the_list():
     for bad in (8, 7688, 0, -16, 2**20 + 16, 7680.0, True, "7680", None):
         assert not spec.accepts("K", bad), bad
     assert not spec.accepts("in_dtype", "fp64") and spec.accepts("in_dtype", "bf16")
-    base = dict(in_dtype="bf16", sf_layout="linear", hw_e2m1=False, pdl=False, recipe="fast")
+    base = dict(in_dtype="bf16", sf_layout="linear", hw_e2m1=False, pdl=False, recipe="fast", scale="tensor",
+                four_over_six="off")
     spec.check_params(dict(base, K=7680))
     with pytest.raises(ValueError, match=r"param K must be one of \[16, .*\] or an integer with K % 16 == 0"):
         spec.check_params(dict(base, K=7688))

@@ -17,6 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import gdnjit.torch_ops as ops
+from gdnjit.reference.nvfp4 import quantize_reference
 from gdnjit.reference.gdn import gdn_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,8 +207,18 @@ def test_opcheck_nvfp4(layout):
     g = torch.Generator().manual_seed(layout)
     a = (torch.randn(37, 64, generator=g) * 3).to(torch.bfloat16)
     gs = torch.tensor([448.0 * 6 / 12.0])
-    torch.library.opcheck(raw("nvfp4_quantize"), (a, gs, 1.0, layout, False, 16, None, "gdnjit", True))
-    torch.library.opcheck(raw("nvfp4_quantize"), (a, None, 7.5, layout, False, 16, None, "reference", False))
+    plain = (False, "off", 448, None, None)
+    torch.library.opcheck(raw("nvfp4_quantize"), (a, gs, 1.0, layout, False, 16, None, "gdnjit", True, *plain))
+    torch.library.opcheck(raw("nvfp4_quantize"), (a, None, 7.5, layout, False, 16, None, "reference", False, *plain))
+    # per-token scales (a row map, an out_scale) and the 4over6 search
+    row_map = torch.randint(-1, 37, (40,), generator=g, dtype=torch.int32)
+    torch.library.opcheck(raw("nvfp4_quantize"), (a, torch.tensor([1 / 1536]), 1.0, layout, False, 16, None, "gdnjit",
+                                                  False, True, "mse_fp16", 256, row_map, torch.tensor([2.0])))
+    torch.library.opcheck(raw("nvfp4_quantize"), (a, gs, 1.0, layout, False, 16, None, "gdnjit", True, False, "mae",
+                                                  448, None, None))
+    fp4, sf, pts = ops.nvfp4_quantize(a, 1 / 2688, layout, per_token_activation=True, out_scale=0.5)
+    ref = quantize_reference(a, 1 / 2688, layout, "fast", per_token=True, out_scale=0.5)
+    assert torch.equal(fp4, ref[0]) and torch.equal(sf, ref[1]) and torch.equal(pts, ref[2])
     fp4, sf = ops.nvfp4_quantize(a, gs, layout)
     torch.library.opcheck(raw("dequantize_nvfp4"), (fp4, sf, gs, 1.0, layout, 37, 64))
 

@@ -5,6 +5,7 @@ Usage (GPU machine, repo root as working dir)::
     python3 tools/bench_nvfp4.py --out $OUT
     python3 tools/bench_nvfp4.py --quick --out $OUT
     python3 tools/bench_nvfp4.py --m 1 128 4096 --k 7168 --layouts 128x4 8x4 --dtype fp16
+    python3 tools/bench_nvfp4.py --mode token-4over6 --no-compile --out $OUT
 
 Grid (defaults): M in {128, 1024, 4096, 8192, 16384} x K in {2048, 4096, 7168, 8192}, bf16 input,
 128x4 scale layout, global scale as a one-element device tensor. ``--quick``: M in {128, 4096, 16384},
@@ -28,6 +29,10 @@ Columns, per (layout, M, K):
   ``torch.compile``, graph-replayed when capturable (else event-timed; noted). A torch.compile
   failure leaves the column empty with a note.
 * exact: gdnjit's bytes equal the reference's on input set 0 (checked before timing).
+
+``--mode``: ``plain`` (one global scale, the default), ``4over6`` (FlashInfer's 4over6 search, MAE), ``token``
+(per-token activation scales: one CTA per row; bytes add the per-token scales written), ``token-4over6`` (both).
+The compiled column is the plain recipe's only (other modes: ``--no-compile``).
 
 Rotation: each row allocates ``sets`` input sets so that inputs + outputs of one rotation are >= 3x L2
 (outputs are allocated by each call and rotate with the graph's ring of results); rows whose working
@@ -53,6 +58,8 @@ from gdnjit.reference.nvfp4 import e2m1_satfinite_rne, e4m3_decode, e4m3_satfini
 
 GB = 1e9
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp8": torch.float8_e4m3fn}
+# --mode: (per-token scales, 4over6) of each
+MODES = {"plain": (False, False), "4over6": (False, True), "token": (True, False), "token-4over6": (True, True)}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,7 +77,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--mem-cap-gb", type=float, default=16.0, help="memory for the rotated input sets")
     p.add_argument("--l2-factor", type=float, default=3.0, help="rotate until sets cover this x L2")
     p.add_argument("--replays", type=int, help="graph replays [50, quick: 20]")
+    p.add_argument("--mode", default="plain", choices=sorted(MODES), help="what to quantize (see above)")
     args = p.parse_args(argv)
+    if args.mode != "plain" and not args.no_compile:
+        p.error("--mode other than plain: the compiled column is the plain recipe's; pass --no-compile")
     args.m = args.m or ([128, 4096, 16384] if args.quick else [128, 1024, 4096, 8192, 16384])
     args.k = args.k or ([2048, 7168] if args.quick else [2048, 4096, 7168, 8192])
     args.replays = args.replays or (20 if args.quick else 50)
@@ -113,6 +123,7 @@ def short(e: BaseException) -> str:
 
 def run_row(layout, M: int, K: int, args, bw: float, l2: int, notes: list) -> dict:
     import gdnjit
+    from gdnjit.nvfp4 import FourOverSix
     from gdnjit.reference.nvfp4 import quantize_reference
     from gdnjit.sf_layout import padded_sf_shape, sf_offsets
 
@@ -123,20 +134,26 @@ def run_row(layout, M: int, K: int, args, bw: float, l2: int, notes: list) -> di
     nbytes = in_bytes + M * K // 2 + rows * cols
     sets = max(1, math.ceil(args.l2_factor * l2 / nbytes))
     sets = max(1, min(sets, int(args.mem_cap_gb * GB // max(in_bytes, 1))))
+    per_token, four6 = MODES[args.mode]
+    nbytes += 4 * M if per_token else 0  # the per-token scales written
     xs = [make_input(M, K, dtype, dev, seed=s) for s in range(sets)]
-    gss = [(448.0 * 6.0 / x.float().abs().amax()).reshape(1) for x in xs]
-    rec = dict(layout=layout.name[7:], M=M, K=K, dtype=args.dtype, bytes=nbytes, sets=sets,
+    if per_token:  # the inverse base scale 1 / (448 * 6)
+        gss = [torch.tensor([1.0 / 2688.0], device=dev) for _ in xs]
+    else:
+        gss = [(448.0 * 6.0 / x.float().abs().amax()).reshape(1) for x in xs]
+    kw = dict(per_token_activation=per_token, nvfp4_4over6=FourOverSix() if four6 else None)
+    rec = dict(layout=layout.name[7:], M=M, K=K, dtype=args.dtype, mode=args.mode, bytes=nbytes, sets=sets,
                l2_resident=sets * nbytes < 2 * l2)
 
-    got = gdnjit.nvfp4_quantize(xs[0], gss[0], layout)
-    ref = quantize_reference(xs[0], gss[0], layout)
-    rec["exact"] = bool(torch.equal(got[0], ref[0]) and torch.equal(got[1], ref[1]))
+    got = gdnjit.nvfp4_quantize(xs[0], gss[0], layout, **kw)
+    ref = quantize_reference(xs[0], gss[0], layout, per_token=per_token, four_over_six=kw["nvfp4_4over6"])
+    rec["exact"] = all(torch.equal(g, r) for g, r in zip(got, ref))
     if not rec["exact"]:
         notes.append(f"{rec['layout']} M={M} K={K}: gdnjit bytes differ from the reference")
 
-    us = bc.time_graph(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout), n_sets=sets, replays=args.replays)
+    us = bc.time_graph(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout, **kw), n_sets=sets, replays=args.replays)
     rec.update(gdnjit_us=us, gdnjit_gbps=nbytes / us / 1e3, gdnjit_frac=nbytes / (us * 1e-6) / bw)
-    us = bc.time_graph(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout, enable_pdl=False), n_sets=sets,
+    us = bc.time_graph(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout, enable_pdl=False, **kw), n_sets=sets,
                        replays=args.replays)
     rec.update(nopdl_us=us, nopdl_frac=nbytes / (us * 1e-6) / bw)
     # The same number of bytes through a plain SM copy kernel, same rotation: what any kernel of this
@@ -147,11 +164,13 @@ def run_row(layout, M: int, K: int, args, bw: float, l2: int, notes: list) -> di
     rec["copy_us"] = bc.time_graph(lambda i: torch.mul(srcs[i], 1.0, out=dsts[i]), n_sets=sets, replays=args.replays)
     rec["copy_frac"] = 8 * half / (rec["copy_us"] * 1e-6) / bw
     del srcs, dsts
-    rec["gdnjit_eager_us"] = bc.time_eager(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout), n_sets=sets,
-                                           bursts=3 if args.quick else 7)
+    rec["gdnjit_eager_us"] = bc.time_eager(lambda i: gdnjit.nvfp4_quantize(xs[i], gss[i], layout, **kw),
+                                           n_sets=sets, bursts=3 if args.quick else 7)
     if not args.no_ref:
         try:
-            rec["ref_us"] = bc.time_events(lambda: quantize_reference(xs[0], gss[0], layout), reps=5 if args.quick else 10)
+            rec["ref_us"] = bc.time_events(lambda: quantize_reference(xs[0], gss[0], layout, per_token=per_token,
+                                                                      four_over_six=kw["nvfp4_4over6"]),
+                                           reps=5 if args.quick else 10)
         except Exception as e:  # noqa: BLE001
             notes.append(f"{rec['layout']} M={M} K={K}: reference failed: {short(e)}")
     if not args.no_compile:

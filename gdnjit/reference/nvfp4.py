@@ -29,6 +29,8 @@ Decisions for special values (also in :func:`quantize_reference`'s docstring):
 
 from __future__ import annotations
 
+from typing import NamedTuple, Optional
+
 import torch
 
 from gdnjit.sf_layout import SfLayout, padded_sf_shape, sf_offsets, to_sf_layout
@@ -121,8 +123,117 @@ def _check_k(k, name: str) -> int:
 RECIPES = ("fast", "exact")
 """FlashInfer's two NVFP4 recipes (see :func:`quantize_reference`)."""
 
+FLT_MAX = 3.4028234663852886e38
+FLT_MIN = 1.1754943508222875e-38  # smallest normal float32
 
-def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4, recipe: str = "fast"):
+
+class FourOverSix(NamedTuple):
+    """FlashInfer's "4over6" block-scale search (see :func:`quantize_reference`): each block is quantized with
+    the scale mapping its amax to 6 and to 4, and keeps the candidate with the smaller error.
+
+    ``err_mode``: ``"mae"`` (sum of |error|) or ``"mse"`` (sum of error^2); ``err_fp16``: the error of the
+    candidates' scaled values (FlashInfer's ``err_use_fast_math``) instead of their dequantized values;
+    ``e4m3_max``: 448 or 256, the bound the per-token global scale was built for (``1 / (e4m3_max * 6)``),
+    which enters the per-token error as ``6 * e4m3_max``."""
+
+    err_mode: str = "mae"
+    err_fp16: bool = False
+    e4m3_max: int = 448
+
+    @property
+    def param(self) -> str:
+        """The ``four_over_six`` value of the nvfp4_quantize spec: ``mae``, ``mse``, ``mae_fp16``, ``mse_fp16``."""
+        return self.err_mode + ("_fp16" if self.err_fp16 else "")
+
+
+def _check_four_over_six(four_over_six) -> Optional[FourOverSix]:
+    if four_over_six is None:
+        return None
+    if not isinstance(four_over_six, FourOverSix):
+        raise TypeError(f"four_over_six: expected None or a FourOverSix, got {type(four_over_six).__name__}")
+    if four_over_six.err_mode not in ("mae", "mse") or not isinstance(four_over_six.err_fp16, bool) or \
+            four_over_six.e4m3_max not in (256, 448):
+        raise ValueError(f"four_over_six: expected err_mode 'mae' / 'mse', a bool err_fp16 and e4m3_max 256 / 448, "
+                         f"got {four_over_six!r}")
+    return four_over_six
+
+
+def _flush_subnormal(v: torch.Tensor) -> torch.Tensor:
+    """FlashInfer's kernels flush subnormal fp32 results to zero (they build with -use_fast_math): used where a
+    per-token scale of a zero row would otherwise be 1 / FLT_MAX."""
+    return torch.where(v.abs() < FLT_MIN, torch.zeros_like(v), v)
+
+
+def _row_scales(x: torch.Tensor, gsi: torch.Tensor, recipe: str, four6: bool):
+    """Per-token mode: (row amax, the rows' encode scales, the per-token (decode) scales), all ``[M]`` float32.
+    ``gsi`` is the inverse base scale ``1 / (e4m3_max * 6)`` (FlashInfer's ``a_global_sf`` in this mode)."""
+    mag = x.abs()
+    ra = torch.where(torch.isnan(mag), torch.zeros_like(mag), mag).amax(dim=-1)  # NaN skipped, 0 if all NaN
+    zero = torch.zeros_like(ra)
+    if recipe == "exact":
+        gsc = torch.reciprocal(gsi)
+        enc = torch.fmin(gsc / ra, torch.full_like(ra, FLT_MAX))
+        if four6:  # a zero row: encode scale 0, per-token scale 0
+            enc = torch.where(ra != 0, torch.where(enc == 0, torch.ones_like(enc), enc), zero)
+            pts = torch.where(enc != 0, _flush_subnormal(torch.reciprocal(enc)), zero)
+        else:  # a zero row: encode scale FLT_MAX, per-token scale 1 / FLT_MAX flushed to 0
+            enc = torch.where(ra != 0, enc, torch.full_like(ra, FLT_MAX))
+            enc = torch.where(enc == 0, torch.ones_like(enc), enc)
+            pts = _flush_subnormal(torch.reciprocal(enc))
+    else:
+        pts = ra * gsi
+        enc = torch.where(pts != 0, torch.reciprocal(pts), zero)
+    return ra, enc, pts
+
+
+def _four_over_six_blocks(blocks, amax, gs, ra, recipe: str, cfg: FourOverSix):
+    """(sf bits [M, n], codes [M, n, 16]) of the 4over6 search (see :func:`quantize_reference`). ``gs``, ``ra``:
+    the encode scale and the row amax (0 in per-tensor mode), broadcastable to ``[M, n]``."""
+    one_sixth = torch.tensor(1.0 / 6.0, dtype=torch.float32, device=blocks.device)
+    flt_max = torch.tensor(FLT_MAX, dtype=torch.float32, device=blocks.device)
+    # divisions by a device tensor: torch turns a division by a Python number into a multiplication by its reciprocal
+    # on the GPU (not correctly rounded)
+    six = torch.tensor(6.0, dtype=torch.float32, device=blocks.device)
+    denom = torch.tensor(6.0 * cfg.e4m3_max, dtype=torch.float32, device=blocks.device)
+    if recipe == "exact":
+        sf6 = (amax / six) * gs
+    else:
+        sf6 = gs * (amax * one_sixth)
+    sf4 = sf6 * 1.5
+    gds = torch.reciprocal(gs)
+    signs = torch.signbit(blocks).to(torch.uint8) << 3
+    errs, cands = [], []
+    for hp in (sf4, sf6):
+        bits = e4m3_satfinite_rne(hp)
+        s = e4m3_decode(bits)
+        if recipe == "exact":
+            os = torch.fmin(torch.reciprocal(s * gds), flt_max)
+        else:
+            os = torch.where(s == 0, torch.zeros_like(s), torch.reciprocal(s * gds))
+        codes = (e2m1_satfinite_rne(blocks * os.unsqueeze(-1)) & 0x7) | signs
+        vals = e2m1_decode(codes) * s.unsqueeze(-1)  # exact: an e2m1 value times an e4m3 one
+        if cfg.err_fp16:
+            diff = vals - blocks * gs.unsqueeze(-1)
+        else:
+            dq = torch.where(ra.unsqueeze(-1) > 0, (vals * ra.unsqueeze(-1)) / denom, vals * gds.unsqueeze(-1))
+            diff = dq - blocks
+        term = diff.abs() if cfg.err_mode == "mae" else diff * diff
+        err = torch.zeros_like(amax)
+        for i in range(BLOCK):  # in element order, one rounding per addition
+            err = err + term[..., i]
+        errs.append(err)
+        cands.append((bits, codes))
+    pick4 = errs[0] < errs[1]
+    zero = amax == 0
+    sf_bits = torch.where(zero, torch.zeros_like(cands[0][0]), torch.where(pick4, cands[0][0], cands[1][0]))
+    codes = torch.where(zero.unsqueeze(-1), torch.zeros_like(cands[0][1]),
+                        torch.where(pick4.unsqueeze(-1), cands[0][1], cands[1][1]))
+    return sf_bits, codes
+
+
+def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4, recipe: str = "fast", *,
+                       per_token: bool = False, four_over_six: Optional[FourOverSix] = None,
+                       row_map: Optional[torch.Tensor] = None, out_scale=None):
     """Quantize activations to NVFP4 exactly as the kernels must (see the module docstring).
 
     Args:
@@ -138,11 +249,31 @@ def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4,
             FLT_MAX)`` (NaN: FLT_MAX). float8_e4m3fn input is quantized as FlashInfer does, whatever ``recipe``: each element
             is first pre-scaled, ``x = fp16_rne(x * (6 * (1 / gs)))``, and ``out_scale = 0 if gs * (amax * (1/6)) == 0
             else gs * (1 / sf)`` (so dequantizing gives back ``x_fp8 * 6 / gs``).
+        per_token: FlashInfer's per-token activation scales: ``global_sf`` is then the inverse base scale
+            ``gsi = 1 / (e4m3_max * 6)``, and each row r gets its own encode scale from its amax ``ra`` (NaN
+            skipped, 0 for an all-NaN row): exact recipe ``e = min((1 / gsi) / ra, FLT_MAX)`` (``e = 1`` where that
+            is 0; a zero row: ``e = FLT_MAX``, or ``e = 0`` with 4over6) and per-token scale ``1 / e`` (0 for
+            ``e = 0``; subnormal results flushed to 0, as FlashInfer's kernels do); fast recipe per-token scale
+            ``ra * gsi`` and ``e = 1 / that`` (0 for 0). The blocks of row r are quantized with ``gs = e``.
+            fp16 / bf16 input only.
+        four_over_six: a :class:`FourOverSix` (None: off): per block with ``amax != 0`` two candidate scales,
+            ``sf6 = (amax / 6) * gs`` (exact recipe; fast: ``gs * (amax * (1/6))``) and ``sf4 = sf6 * 1.5``, each
+            rounded to e4m3 (``s``) and used as above: exact ``out_scale = min(1 / (s * (1 / gs)), FLT_MAX)``, fast
+            ``0 if s == 0 else 1 / (s * (1 / gs))``. Each candidate's error is summed over the 16 elements in order
+            (one rounding per operation): ``d = q * s * ra / (6 * e4m3_max) - x`` in per-token mode, ``d = q * s *
+            (1 / gs) - x`` per tensor (``q`` the code's value, ``q * s`` exact), or with ``err_fp16`` ``d = q * s - x
+            * gs``; the term is ``|d|`` (``mae``) or ``d * d`` (``mse``). The 4 candidate wins only if its error is
+            smaller. A block with ``amax == 0`` gets scale byte 0 and codes 0 (no sign bits). fp16 / bf16 input only.
+        row_map: per-token mode only (FlashInfer's ``expanded_idx_to_permuted_idx``): int32 ``[R >= M]``; row
+            ``row_map[i]`` is quantized for each ``i < M`` (negative entries skip), all other rows' outputs stay 0.
+        out_scale: per-token mode only: a scalar (number or one-element tensor) the returned per-token scales are
+            multiplied by (FlashInfer's ``out_scale``; the codes and block scales do not change).
     Returns:
         ``(fp4, sf)``: ``fp4`` uint8 ``[M, K // 2]``, element ``2i`` in the low nibble and
         ``2i + 1`` in the high nibble; ``sf`` uint8 ``[padded_rows, padded_cols]`` (see
         :func:`gdnjit.sf_layout.padded_sf_shape`) holding e4m3 bit patterns at
-        :func:`gdnjit.sf_layout.sf_offsets`, padding entries 0. Both on ``a``'s device.
+        :func:`gdnjit.sf_layout.sf_offsets`, padding entries 0. Both on ``a``'s device. Per-token mode:
+        ``(fp4, sf, per_token_scale)`` with float32 ``[M]`` scales.
 
     Special values: NaN elements are ignored by the block amax unless all 16 are NaN (then the
     SF byte is 0x7F and every code is ±6); NaN elements encode as ±6 and Inf as ±6, each
@@ -166,22 +297,35 @@ def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4,
         raise ValueError(f"a: expected the last dim K to be a positive multiple of {BLOCK}, got K={k}")
     if recipe not in RECIPES:
         raise ValueError(f"recipe: expected one of {list(RECIPES)}, got {recipe!r}")
+    four6 = _check_four_over_six(four_over_six)
     fp8 = a.dtype == torch.float8_e4m3fn  # always the fast recipe (FlashInfer's switch does not apply to fp8)
+    if fp8 and (per_token or four6 is not None):
+        raise ValueError("a: per-token scales and 4over6 take float16 / bfloat16 input, got float8_e4m3fn")
+    if not per_token and (row_map is not None or out_scale is not None):
+        raise ValueError("row_map, out_scale: only with per_token=True")
     gs = _global_sf_tensor(global_sf, a.device)
     rgs = torch.reciprocal(gs)
+    pts_mult = None if out_scale is None else _scalar_tensor(out_scale, a.device, "out_scale")
 
     x = a.detach().reshape(-1, k).to(torch.float32)
     if fp8:  # FlashInfer's pre-scale: fp8 values are taken as x * gs / 6
         x = (x * (rgs * 6.0)).to(torch.float16).to(torch.float32)
     m, n = x.shape[0], k // BLOCK
     blocks = x.view(m, n, BLOCK)
+    ra = torch.zeros((), dtype=torch.float32, device=a.device)
+    if per_token:  # gs was the inverse base scale: each row's own encode scale replaces it
+        ra, enc, pts = _row_scales(x, gs, recipe, four6 is not None)
+        ra, gs = ra.view(m, 1), enc.view(m, 1)
+        rgs = torch.reciprocal(gs)
 
     mag = blocks.abs()
     amax = torch.where(torch.isnan(mag), torch.full_like(mag, -1.0), mag).amax(dim=-1)
     amax = torch.where(amax < 0, torch.full_like(amax, float("nan")), amax)  # all-NaN block
 
     one_sixth = torch.tensor(1.0 / 6.0, dtype=torch.float32, device=a.device)
-    if recipe == "exact" and not fp8:
+    if four6 is not None:
+        sf_bits, codes = _four_over_six_blocks(blocks, amax, gs, ra, recipe, four6)
+    elif recipe == "exact" and not fp8:
         sf_bits = e4m3_satfinite_rne(amax * (gs * one_sixth))
         sf_val = e4m3_decode(sf_bits)
         out_scale = torch.fmin(torch.reciprocal(sf_val * rgs), torch.tensor(torch.finfo(torch.float32).max,
@@ -196,15 +340,50 @@ def quantize_reference(a: torch.Tensor, global_sf, layout=SfLayout.layout_128x4,
         sf_val = e4m3_decode(sf_bits)
         out_scale = torch.where(sf_val == 0, torch.zeros_like(sf_val), torch.reciprocal(sf_val * rgs))
 
-    codes = e2m1_satfinite_rne(blocks * out_scale.unsqueeze(-1)) & 0x7
-    codes |= torch.signbit(blocks).to(torch.uint8) << 3  # the sign of x, NaN products included
+    if four6 is None:
+        codes = e2m1_satfinite_rne(blocks * out_scale.unsqueeze(-1)) & 0x7
+        codes |= torch.signbit(blocks).to(torch.uint8) << 3  # the sign of x, NaN products included
     pairs = codes.view(m, k // 2, 2)
     fp4 = pairs[..., 0] | (pairs[..., 1] << 4)
 
+    if per_token:
+        if pts_mult is not None:
+            pts = pts * pts_mult
+        if row_map is not None:  # only the mapped rows are written
+            keep = torch.zeros(m, dtype=torch.bool, device=a.device)
+            keep[_mapped_rows(row_map, m, a.device)] = True
+            fp4 = torch.where(keep.view(m, 1), fp4, torch.zeros_like(fp4))
+            sf_bits = torch.where(keep.view(m, 1), sf_bits, torch.zeros_like(sf_bits))
+            pts = torch.where(keep, pts, torch.zeros_like(pts))
     rows, cols = padded_sf_shape(m, n, layout)
     sf = torch.zeros(rows * cols, dtype=torch.uint8, device=a.device)
     sf[sf_offsets(m, n, layout, device=a.device).view(-1)] = sf_bits.view(-1)
+    if per_token:
+        return fp4, sf.view(rows, cols), pts
     return fp4, sf.view(rows, cols)
+
+
+def _scalar_tensor(v, device, name: str) -> torch.Tensor:
+    if isinstance(v, torch.Tensor):
+        if v.numel() != 1:
+            raise ValueError(f"{name}: expected a scalar (one element), got shape {tuple(v.shape)}")
+        return v.detach().reshape(()).to(device=device, dtype=torch.float32)
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise TypeError(f"{name}: expected a number or a one-element tensor, got {type(v).__name__}")
+    return torch.tensor(float(v), dtype=torch.float32, device=device)
+
+
+def _mapped_rows(row_map: torch.Tensor, m: int, device) -> torch.Tensor:
+    """The rows a ``row_map`` selects (its non-negative entries), checked to be below ``m``."""
+    if not isinstance(row_map, torch.Tensor) or row_map.dim() != 1 or row_map.dtype != torch.int32:
+        raise ValueError("row_map: expected a 1-D int32 tensor")
+    if row_map.numel() < m:
+        raise ValueError(f"row_map: expected at least {m} entries (one per row of a), got {row_map.numel()}")
+    rows = row_map[:m].to(device=device, dtype=torch.int64)
+    rows = rows[rows >= 0]
+    if rows.numel() and int(rows.max()) >= m:
+        raise IndexError(f"row_map: entry {int(rows.max())} out of range for {m} rows")
+    return rows
 
 
 def dequantize_reference(fp4: torch.Tensor, sf: torch.Tensor, global_sf, layout, m: int, k: int) -> torch.Tensor:

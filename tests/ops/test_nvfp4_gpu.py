@@ -160,7 +160,7 @@ def test_every_tunable_matches():
         gs = global_scale(a, "recipe-float")
         ref = quantize_reference(a, gs, layout)
         params = dict(in_dtype={"fp8": "fp8e4m3"}.get(dtype, dtype), sf_layout=nvfp4._LAYOUT_PARAM[layout], K=K,
-                      hw_e2m1=hw, pdl=False, recipe="fast")
+                      hw_e2m1=hw, pdl=False, recipe="fast", scale="tensor", four_over_six="off")
         for tun, pdl in itertools.product(spec.all_tunable_choices(), (False, True)):
             params["pdl"] = pdl
             if spec.violations(params, tun):
@@ -296,3 +296,104 @@ def test_exact_recipe_matches_the_transformer_engine_formula(dtype, init, monkey
         gs = torch.where(gs == 0, torch.ones_like(gs), gs)
         got = gdnjit.nvfp4_quantize(x, gs, layout)
         check(got, te_quantize(x, gs, layout), f"TE {dtype} {init} M={M} K={K} {layout.name}")
+
+
+# ---- FlashInfer's per-token scales and 4over6 search (docs/design.md 5.6, 5.7) ----
+
+FOUR6 = [None, nvfp4.FourOverSix("mae"), nvfp4.FourOverSix("mse"), nvfp4.FourOverSix("mae", True),
+         nvfp4.FourOverSix("mse", True, 256)]
+F6_CASES = list(itertools.product(("fp16", "bf16"), LAYOUTS, ((1, 16), (3, 48), (130, 2048), (1000, 7168))))
+
+
+def run_poisoned_token(a, gsi, layout, recipe, four6, row_map=None, out_scale=None):
+    """The per-token call's exact path with poisoned outputs (0xFF codes / scales, NaN per-token scales): a row map
+    zeroes them first (the rows it leaves out stay 0), so poison only without one."""
+    fp4, sf, pts, call = nvfp4._prepare(a, gsi, layout, recipe=recipe, per_token=True, four_over_six=four6,
+                                        row_map=row_map, out_scale=out_scale)
+    if row_map is None:
+        fp4.fill_(0xFF)
+        sf.fill_(0xFF)
+        pts.fill_(float("nan"))
+    if call is not None:
+        RUNNER.launch(call)
+    return fp4, sf, pts
+
+
+def check_token(got, ref, what: str):
+    check(got[:2], ref[:2], what)
+    assert torch.equal(got[2], ref[2]), f"{what}: per-token scales differ at {(got[2] != ref[2]).nonzero()[:5].tolist()}"
+
+
+@pytest.mark.parametrize("dtype,layout,shape", F6_CASES, ids=[f"{d}-{l.name[7:]}-M{s[0]}-K{s[1]}" for d, l, s in F6_CASES])
+def test_per_token_and_four_over_six_match_reference_bit_exact(dtype, layout, shape):
+    """Both forms, every 4over6 recipe (and none), both rounding recipes: codes, scale bytes (padding included) and
+    per-token scales equal the reference; the inverse base scale as a float and as a device tensor."""
+    M, K = shape
+    i = F6_CASES.index((dtype, layout, shape))
+    a = make_input(M, K, dtype, seed=3000 + i)
+    if M > 1:
+        a[0] = 0  # a zero row (its per-token scale is 0)
+    for four6, recipe in itertools.product(FOUR6, ("fast", "exact")):
+        e4m3_max = 448 if four6 is None else four6.e4m3_max
+        what = f"{dtype} {layout.name} M={M} K={K} {four6} {recipe}"
+        if four6 is not None:  # one global scale with the 4over6 search
+            gs = global_scale(a, "recipe-tensor") * (e4m3_max / 448.0)
+            got = nvfp4._prepare(a, gs, layout, recipe=recipe, four_over_six=four6)
+            got[0].fill_(0xFF)
+            got[1].fill_(0xFF)
+            RUNNER.launch(got[2])
+            check(got[:2], quantize_reference(a, gs, layout, recipe, four_over_six=four6), "tensor " + what)
+        gsi = 1.0 / (e4m3_max * 6.0) if i % 2 else torch.tensor([1.0 / (e4m3_max * 6.0)], device="cuda")
+        check_token(run_poisoned_token(a, gsi, layout, recipe, four6),
+                    quantize_reference(a, gsi, layout, recipe, per_token=True, four_over_six=four6), "token " + what)
+
+
+def test_per_token_row_map_out_scale_and_strided_rows():
+    base = make_input(300, 2048 + 64, "bf16", seed=5)
+    a = base[:, 32:32 + 2048]  # row stride 2112 elements
+    g = torch.Generator(device="cuda").manual_seed(6)
+    row_map = torch.randint(-1, 300, (320,), generator=g, device="cuda", dtype=torch.int32)
+    for layout, four6 in itertools.product(LAYOUTS, (None, nvfp4.FourOverSix("mse"))):
+        osc = torch.tensor([0.25], device="cuda")
+        got = run_poisoned_token(a, 1 / 2688, layout, "exact", four6, row_map=row_map, out_scale=osc)
+        ref = quantize_reference(a, 1 / 2688, layout, "exact", per_token=True, four_over_six=four6, row_map=row_map,
+                                 out_scale=osc)
+        check_token(got, ref, f"row map {layout.name} {four6}")
+    # the public call returns the per-token scales too; without a map every row is written
+    fp4, sf, pts = gdnjit.nvfp4_quantize(a, torch.tensor([1 / 2688], device="cuda"), per_token_activation=True)
+    check_token((fp4, sf, pts), quantize_reference(a, 1 / 2688, per_token=True), "public per-token call")
+    fp4, sf, pts = gdnjit.nvfp4_quantize(a[:0], 1 / 2688, per_token_activation=True)
+    assert fp4.shape == (0, 1024) and pts.shape == (0,)
+
+
+def test_per_token_out_of_range_row_map_traps():
+    """An out-of-range row index stops the kernel (a sticky CUDA error) rather than writing out of bounds: run in a
+    child process, whose context it poisons."""
+    import subprocess
+    import sys
+    code = ("import torch, gdnjit\n"
+            "a = torch.randn(4, 64, device='cuda', dtype=torch.bfloat16)\n"
+            "m = torch.tensor([0, 1, 9, 2], device='cuda', dtype=torch.int32)\n"
+            "gdnjit.nvfp4_quantize(a, 1 / 2688, per_token_activation=True, expanded_idx_to_permuted_idx=m)\n"
+            "torch.cuda.synchronize()\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and ("illegal instruction" in r.stderr or "unspecified launch failure" in r.stderr
+                                  or "CUDA error" in r.stderr), r.stderr[-2000:]
+
+
+def test_per_token_cuda_graph_capture_and_replay():
+    a = make_input(500, 4096, "fp16", seed=51)
+    gsi = torch.tensor([1 / 2688], device="cuda")
+    four6 = nvfp4.FourOverSix("mae")
+    gdnjit.nvfp4_quantize(a, gsi, per_token_activation=True, nvfp4_4over6=four6)  # compile / load first
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gdnjit.nvfp4_quantize(a, gsi, per_token_activation=True, nvfp4_4over6=four6)
+    for step in range(2):
+        a.copy_(make_input(500, 4096, "fp16", seed=52 + step))
+        for t in out:
+            t.fill_(0)
+        graph.replay()
+        torch.cuda.synchronize()
+        check_token(out, quantize_reference(a, gsi, per_token=True, four_over_six=four6), f"graph replay {step}")

@@ -39,12 +39,44 @@ def test_valid_call_params_and_args():
     fp4, sf, call = prep(a, 2.0)
     assert fp4.shape == (5, 32) and fp4.dtype == torch.uint8
     assert sf.shape == (128, 4) and sf.dtype == torch.uint8
-    assert call.params == dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True, recipe="fast")
+    assert call.params == dict(in_dtype="bf16", sf_layout="128x4", K=64, hw_e2m1=False, pdl=True, recipe="fast",
+                               scale="tensor", four_over_six="off")
     assert call.facts == {"M": 5} and call.device == 0 and call.pdl is True
     named = call.args
     assert named["x"] == a.data_ptr() and named["q"] == fp4.data_ptr() and named["sf"] == sf.data_ptr()
     assert named["gs_ptr"] == 0 and named["gs_value"] == 2.0
     assert named["x_stride"] == 64 and named["M"] == 5 and named["sf_rows"] == 128
+    assert named["pts"] == 0 and named["perm"] == 0 and named["osc_ptr"] == 0 and named["err_denom"] == 2688.0
+
+
+def test_per_token_call_params_and_args():
+    a = torch.randn(5, 64, dtype=torch.float16)
+    fp4, sf, pts, call = prep(a, 1 / 1536, per_token=True, four_over_six=nvfp4.FourOverSix("mse", True, 256),
+                              recipe="exact")
+    assert fp4.shape == (5, 32) and sf.shape == (128, 4) and pts.shape == (5,) and pts.dtype == torch.float32
+    assert call.params["scale"] == "token" and call.params["four_over_six"] == "mse_fp16"
+    assert call.params["recipe"] == "exact" and call.params["in_dtype"] == "fp16"
+    named = call.args
+    assert named["pts"] == pts.data_ptr() and named["perm"] == 0 and named["osc_ptr"] == 0
+    assert named["err_denom"] == 1536.0 and named["gs_value"] == pytest.approx(1 / 1536)
+    # a row map: its tensor is the kernel's, and the outputs start zeroed (rows it leaves out stay 0)
+    perm = torch.tensor([4, -1, 0, 2, 1], dtype=torch.int32)
+    fp4, sf, pts, call = prep(a, 1 / 2688, per_token=True, row_map=perm, out_scale=2.0)
+    assert call.args["perm"] == perm.data_ptr() and call.args["osc_ptr"] != 0
+    assert not fp4.any() and not sf.any() and not pts.any()
+    for bad, exc, needle in ((perm.long(), TypeError, "expanded_idx_to_permuted_idx: expected dtype int32"),
+                             (perm[:4], ValueError, "at least 5 entries"),
+                             (perm.view(5, 1), ValueError, "1-D tensor"),
+                             (torch.arange(10, dtype=torch.int32)[::2], ValueError, "contiguous")):
+        with pytest.raises(exc, match=needle):
+            prep(a, 1 / 2688, per_token=True, row_map=bad)
+    with pytest.raises(TypeError, match="out_scale: expected"):
+        prep(a, 1 / 2688, per_token=True, out_scale="2")
+    with pytest.raises(ValueError, match="out_scale: expected a one-element"):
+        prep(a, 1 / 2688, per_token=True, out_scale=torch.ones(2))
+    for kw in (dict(per_token=True), dict(four_over_six=nvfp4.FourOverSix())):
+        with pytest.raises(TypeError, match="a: per-token scales and 4over6 take float16 or bfloat16"):
+            prep(a.to(torch.float8_e4m3fn), 1.0, **kw)
 
 
 def test_hw_e2m1_follows_arch():
@@ -274,12 +306,23 @@ def test_recipe_switch_follows_flashinfer(monkeypatch):
         nvfp4.nvfp4_quantize(a, 1.0, fast_math=1)
 
 
+class ForeignConfig:  # stands in for FlashInfer's NVFP44Over6Config (err_mode: a str or its IntEnum)
+    def __init__(self, e4m3_max=448, err_mode="MAE", err_use_fast_math=False):
+        self.e4m3_max, self.err_mode, self.err_use_fast_math = e4m3_max, err_mode, err_use_fast_math
+
+
 @pytest.mark.parametrize("kw,exc,needle", [
-    (dict(per_token_activation=True), NotImplementedError, "per_token_activation"),
     (dict(per_token_activation=1), TypeError, "per_token_activation: expected a bool"),
-    (dict(expanded_idx_to_permuted_idx=torch.zeros(5, dtype=torch.int32)), ValueError, "expanded_idx_to_permuted_idx"),
+    (dict(expanded_idx_to_permuted_idx=torch.zeros(5, dtype=torch.int32)), ValueError,
+     "expanded_idx_to_permuted_idx: only with per_token_activation"),
     (dict(out_scale=torch.ones(1)), ValueError, "out_scale: only with per_token_activation"),
-    (dict(nvfp4_4over6=object()), NotImplementedError, "nvfp4_4over6"),
+    (dict(per_token_activation=True, out_scale=torch.ones(1), backend="cuda"), ValueError, "out_scale: only with backend"),
+    (dict(per_token_activation=True, expanded_idx_to_permuted_idx=torch.zeros(5, dtype=torch.int32),
+          backend="cute-dsl"), ValueError, "expanded_idx_to_permuted_idx: not with backend 'cute-dsl'"),
+    (dict(nvfp4_4over6=object()), TypeError, "nvfp4_4over6: expected None, a FourOverSix"),
+    (dict(nvfp4_4over6=ForeignConfig(err_mode="MAX")), ValueError, "err_mode expected MAE or MSE"),
+    (dict(nvfp4_4over6=ForeignConfig(e4m3_max=300)), ValueError, "e4m3_max 256 / 448"),
+    (dict(nvfp4_4over6=nvfp4.FourOverSix("mae", 1)), ValueError, "a bool err_use_fast_math"),
 ])
 def test_flashinfer_extras_refused_with_a_reason(kw, exc, needle):
     a = torch.randn(5, 64, dtype=torch.bfloat16)
@@ -315,12 +358,38 @@ def test_fp4_quantize_maps_flashinfers_flags(monkeypatch):
             nvfp4.fp4_quantize(x, **dict(dict(global_scale=gs), **kw))
 
 
-def test_flashinfers_4over6_switch_is_refused_only_when_on(monkeypatch):
+def test_flashinfers_4over6_switch_and_argument(monkeypatch):
+    """FlashInfer's environment switch is read per call when the argument is omitted; an explicit value (None, a
+    FourOverSix, FlashInfer's config by its fields) wins; fp8 input ignores the environment and refuses an explicit
+    recipe; an explicit recipe checks a per-token float scale against 1 / (e4m3_max * 6)."""
     a = torch.randn(5, 64, dtype=torch.bfloat16)
-    monkeypatch.setattr(nvfp4, "_prepare", lambda *a, **kw: (None, None, None))
+    seen = []
+    monkeypatch.setattr(nvfp4, "_prepare", lambda *args, **kw: (seen.append(kw["four_over_six"]), None, None, None)[1:])
+    for name in nvfp4.FOUR_OVER_SIX_ENV:
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "0")
     nvfp4.nvfp4_quantize(a, 1.0)
+    assert seen[-1] is None
     monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "1")
-    with pytest.raises(NotImplementedError, match="FLASHINFER_NVFP4_4OVER6=1"):
-        nvfp4.nvfp4_quantize(a, 1.0)
+    nvfp4.nvfp4_quantize(a, 1.0)
+    assert seen[-1] == nvfp4.FourOverSix("mae", False, 448)
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6_ERR_MODE", "mse")
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH", "1")
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6_E4M3_USE_256", "1")
+    nvfp4.nvfp4_quantize(a, 1.0)
+    assert seen[-1] == nvfp4.FourOverSix("mse", True, 256)
     nvfp4.nvfp4_quantize(a, 1.0, nvfp4_4over6=None)  # an explicit None wins over the environment
+    assert seen[-1] is None
+    nvfp4.nvfp4_quantize(a, 1.0, nvfp4_4over6=ForeignConfig(448, enum.IntEnum("M", "MAE MSE", start=0).MSE))
+    assert seen[-1] == nvfp4.FourOverSix("mse", False, 448)
+    nvfp4.nvfp4_quantize(a.to(torch.float8_e4m3fn), 1.0)  # the environment's recipe: not for fp8
+    assert seen[-1] is None
+    monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6_ERR_MODE", "abs")
+    with pytest.raises(ValueError, match="FLASHINFER_NVFP4_4OVER6_ERR_MODE: expected MAE or MSE"):
+        nvfp4.nvfp4_quantize(a, 1.0)
+    with pytest.raises(ValueError, match="nvfp4_4over6: NVFP4 4over6 requires float16 or bfloat16 input"):
+        nvfp4.nvfp4_quantize(a.to(torch.float8_e4m3fn), 1.0, nvfp4_4over6=nvfp4.FourOverSix())
+    with pytest.raises(ValueError, match="a_global_sf: 0.0003720238095238095 does not match"):
+        nvfp4.nvfp4_quantize(a, 1 / 2688, per_token_activation=True, nvfp4_4over6=nvfp4.FourOverSix(e4m3_max=256))
+    nvfp4.nvfp4_quantize(a, 1 / 1536, per_token_activation=True, nvfp4_4over6=nvfp4.FourOverSix(e4m3_max=256))
+    nvfp4.nvfp4_quantize(a, 1 / 2688, per_token_activation=True, nvfp4_4over6=None)

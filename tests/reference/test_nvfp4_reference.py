@@ -593,3 +593,142 @@ def test_exact_recipe_equals_the_transformer_engine_formula(dtype, init):
         got = quantize_reference(x, gs, layout, "exact")
         want = te_quantize(x, gs, layout)
         assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1]), (init, layout)
+
+
+# ----------------------------------------------------------------------------------------------
+# FlashInfer's per-token scales and 4over6 search: scalar oracles from the formulas (docs/design.md 5.6, 5.7)
+
+
+def e2m1_value_scalar(code: int) -> float:
+    return (-1.0 if code & 8 else 1.0) * E2M1_POS[code & 7]
+
+
+def four_over_six_block_scalar(block, gs, ra, recipe, mode, fp16, e4m3_max) -> tuple[int, list[int]]:
+    """One block's 4over6 choice: candidate scales amax -> 6 and amax -> 4, each with its codes and its error summed
+    in element order (one float32 rounding per operation); the 4 one only if its error is smaller."""
+    amax = max(abs(v) for v in block)
+    if amax == 0:
+        return 0, [0] * 16
+    sf6 = f32(f32(amax / 6.0) * gs) if recipe == "exact" else f32(gs * f32(amax * f32(1.0 / 6.0)))
+    gds = f32(1.0 / gs)
+    cands = []
+    for hp in (f32(sf6 * 1.5), sf6):
+        code = nearest_even_code(E4M3_POS, min(hp, 448.0))
+        s = E4M3_POS[code]
+        if recipe == "exact":
+            os = FLT_MAX if s == 0 else min(f32(1.0 / f32(s * gds)), FLT_MAX)
+        else:
+            os = 0.0 if s == 0 else f32(1.0 / f32(s * gds))
+        codes = [e2m1_code_scalar(f32(v * os), math.copysign(1.0, v) < 0) for v in block]
+        err = 0.0
+        for v, c in zip(block, codes):
+            val = e2m1_value_scalar(c) * s  # exact
+            if fp16:
+                d = f32(val - f32(v * gs))
+            else:
+                d = f32((f32(f32(val * ra) / (6.0 * e4m3_max)) if ra > 0 else f32(val * gds)) - v)
+            err = f32(err + (abs(d) if mode == "mae" else f32(d * d)))
+        cands.append((err, code, codes))
+    (e4, c4, q4), (e6, c6, q6) = cands
+    return (c4, q4) if e4 < e6 else (c6, q6)
+
+
+def row_scale_scalar(row, gsi, recipe, four6) -> tuple[float, float, float]:
+    """Per-token mode: (row amax, encode scale, per-token scale) of one row."""
+    ra = max([abs(v) for v in row if not math.isnan(v)] + [0.0])
+    ftz = lambda v: 0.0 if abs(v) < 2.0**-126 else v  # noqa: E731  (FlashInfer's kernels flush subnormals)
+    if recipe == "exact":
+        gsc = f32(1.0 / gsi)
+        if four6:
+            e = 0.0 if ra == 0 else (min(f32(gsc / ra), FLT_MAX) or 1.0)
+            return ra, e, 0.0 if e == 0 else ftz(f32(1.0 / e))
+        e = (FLT_MAX if ra == 0 else min(f32(gsc / ra), FLT_MAX)) or 1.0
+        return ra, e, ftz(f32(1.0 / e))
+    pts = f32(ra * gsi)
+    return ra, (f32(1.0 / pts) if pts else 0.0), pts
+
+
+def _per_token_input(dtype, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(7, 8, 16, generator=g) * torch.exp2(torch.randint(-6, 7, (7, 8, 1), generator=g).float())
+    x[0] = 0.0                           # a zero row
+    x[1, 2] = 0.0                        # a zero block
+    x[2, 3] = torch.tensor([3.0, 1.5, -0.75, 0.25] * 4)  # ties of the e2m1 grid
+    x[3] *= 2.0**-20                     # a tiny row
+    x[4, 5, 0] = 2.0**10                 # a spike: the rest of its block rounds to 0 in one candidate
+    return x.reshape(7, 128).to(dtype)
+
+
+FOUR6_CASES = [None, ("mae", False, 448), ("mse", False, 448), ("mae", True, 448), ("mse", True, 256), ("mae", False, 256)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("recipe", ["fast", "exact"])
+@pytest.mark.parametrize("four6", FOUR6_CASES)
+@pytest.mark.parametrize("per_token", [False, True])
+def test_per_token_and_four_over_six_match_the_scalar_oracle(dtype, recipe, four6, per_token):
+    from gdnjit.reference.nvfp4 import FourOverSix
+
+    x = _per_token_input(dtype, seed=int(per_token) + 2 * FOUR6_CASES.index(four6))
+    cfg = None if four6 is None else FourOverSix(*four6)
+    e4m3_max = 448 if cfg is None else cfg.e4m3_max
+    gsi = f32(1.0 / (e4m3_max * 6.0))
+    gs_tensor = f32(e4m3_max * 6.0 / float(x.float().abs().max()))
+    got = quantize_reference(x, gsi if per_token else gs_tensor, SfLayout.layout_linear, recipe, per_token=per_token,
+                             four_over_six=cfg)
+    codes, sf = unpack_codes(got[0]), gathered_sf(got[1], 7, 128, SfLayout.layout_linear)
+    for r in range(7):
+        row = [float(v) for v in x[r].float()]
+        if per_token:
+            ra, gs, pts = row_scale_scalar(row, gsi, recipe, cfg is not None)
+            assert float(got[2][r]) == pts, (r, float(got[2][r]), pts)
+        else:
+            ra, gs = 0.0, gs_tensor
+        for b in range(8):
+            block = row[16 * b:16 * b + 16]
+            if cfg is not None:
+                want_sf, want = four_over_six_block_scalar(block, gs, ra, recipe, cfg.err_mode, cfg.err_fp16, e4m3_max)
+            elif gs == 0:  # a zero row's fast per-token scale: every block has scale 0, codes zero with their signs
+                want_sf, want = 0, [8 if math.copysign(1.0, v) < 0 else 0 for v in block]
+            else:
+                want_sf, want = quantize_block_scalar(block, gs, recipe)
+            assert int(sf[r, b]) == want_sf, (r, b)
+            assert codes[r, 16 * b:16 * b + 16].tolist() == want, (r, b)
+
+
+def test_four_over_six_picks_the_candidate_with_the_smaller_error():
+    """A block that the 4-candidate represents exactly ([4, 2, 1, ...] at amax 4: scale 1 fits 4 = code 6) picks
+    scale 4 / 4 = 1 where the 6-candidate (scale 4 / 6 -> 0.6875) cannot; a uniform block on the 6-grid picks 6."""
+    from gdnjit.reference.nvfp4 import FourOverSix
+
+    exact4 = torch.tensor([[4.0, 2.0, 1.0, 0.5] * 4])
+    fp4, sf = quantize_reference(exact4, 1.0, SfLayout.layout_linear, "exact", four_over_six=FourOverSix())
+    assert e4m3_decode(sf.view(-1)[:1]).item() == 1.0  # 4 / 4
+    assert unpack_codes(fp4)[0, :4].tolist() == [6, 4, 2, 1]
+    grid6 = torch.tensor([[6.0, 3.0, 1.5, 6.0] * 4])
+    fp4, sf = quantize_reference(grid6, 1.0, SfLayout.layout_linear, "exact", four_over_six=FourOverSix())
+    assert e4m3_decode(sf.view(-1)[:1]).item() == 1.0  # 6 / 6
+    assert unpack_codes(fp4)[0, :4].tolist() == [7, 5, 3, 7]
+
+
+def test_per_token_row_map_and_out_scale():
+    from gdnjit.reference.nvfp4 import FourOverSix
+
+    x = _per_token_input(torch.bfloat16, 9)
+    full = quantize_reference(x, 1 / 2688, SfLayout.layout_128x4, "exact", per_token=True, four_over_six=FourOverSix())
+    row_map = torch.tensor([6, -1, 2, 2, -1, 0, 5, 3, 3], dtype=torch.int32)  # its first 7 entries: rows 0, 2, 5, 6
+    got = quantize_reference(x, 1 / 2688, SfLayout.layout_128x4, "exact", per_token=True, four_over_six=FourOverSix(),
+                             row_map=row_map, out_scale=torch.tensor([0.5]))
+    keep = torch.tensor([r in (0, 2, 5, 6) for r in range(7)])
+    assert torch.equal(got[0][keep], full[0][keep]) and not got[0][~keep].any()
+    g, f = gathered_sf(got[1], 7, 128, SfLayout.layout_128x4), gathered_sf(full[1], 7, 128, SfLayout.layout_128x4)
+    assert torch.equal(g[keep], f[keep]) and not g[~keep].any()
+    assert torch.equal(got[2][keep], full[2][keep] * 0.5) and not got[2][~keep].any()
+    with pytest.raises(ValueError, match="row_map: expected at least 7 entries"):
+        quantize_reference(x, 1 / 2688, per_token=True, row_map=row_map[:6])
+    with pytest.raises(IndexError, match="row_map: entry 7 out of range"):
+        quantize_reference(x, 1 / 2688, per_token=True, row_map=torch.tensor([7] * 7, dtype=torch.int32))
+    with pytest.raises(ValueError, match="row_map, out_scale: only with per_token=True"):
+        quantize_reference(x, 1.0, out_scale=2.0)
+    with pytest.raises(ValueError, match="per-token scales and 4over6 take float16 / bfloat16"):
+        quantize_reference(x.to(torch.float8_e4m3fn), 1.0, four_over_six=FourOverSix())

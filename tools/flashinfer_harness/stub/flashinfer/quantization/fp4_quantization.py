@@ -2,8 +2,8 @@
 
 ``NVFP4_QUANT_ENV_VARS`` lists the environment variables FlashInfer's NVFP4
 quantizers read per call (the tests' fixture clears and sets them). gdnjit
-reads the fast-math switch itself; setting ``FLASHINFER_NVFP4_4OVER6=1`` makes
-gdnjit raise NotImplementedError (no 4over6 recipe).
+reads them itself, per call, as FlashInfer does: the fast-math switch and the
+4over6 recipe (``gdnjit.nvfp4.four_over_six_from_env``).
 """
 
 from gdnjit.nvfp4 import SfLayout, fp4_quantize, nvfp4_quantize

@@ -2,7 +2,8 @@
 
 Only the 4over6 recipe description the tests and ``tests/test_helpers/utils_fp4.py``
 use: a frozen config dataclass, its error-metric enum and the E4M3 scale bound it
-implies. gdnjit has no 4over6 recipe; these are plain data for the test references.
+implies. gdnjit's ``nvfp4_4over6`` argument takes this config by its fields (``e4m3_max``, ``err_mode``,
+``err_use_fast_math``), as it takes FlashInfer's own.
 """
 
 from __future__ import annotations
