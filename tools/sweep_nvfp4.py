@@ -1,6 +1,10 @@
 """Time every valid NVFP4 tunable choice over an (M, K) grid on this GPU; prints the best per shape.
 
-    PYTHONPATH=$PWD python3 tools/sweep_nvfp4.py [--m 128 1024 4096 16384] [--k 2048 7168] [--pdl] --out DIR
+    PYTHONPATH=$PWD python3 tools/sweep_nvfp4.py [--m 128 1024 4096 16384] [--k 2048 7168] [--pdl]
+        [--mode plain|4over6|token|token-4over6] --out DIR
+
+``--mode``: one global scale (plain), FlashInfer's 4over6 search (MAE), per-token scales (the one-CTA-per-row form),
+or both (bench_nvfp4.py's modes).
 
 The measurements behind the rules in gdnjit/specs/nvfp4_quantize.yaml (docs/perf.md).
 """
@@ -24,6 +28,7 @@ def main() -> int:
     ap.add_argument("--k", type=int, nargs="+", default=[2048, 4096, 7168, 8192])
     ap.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
     ap.add_argument("--pdl", action="store_true", help="the enable_pdl=True variants, launched with PDL")
+    ap.add_argument("--mode", default="plain", choices=["plain", "4over6", "token", "token-4over6"])
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     from gdnjit import dispatch, expr, nvfp4
@@ -40,24 +45,26 @@ def main() -> int:
     bw = bc.copy_bandwidth(torch.device("cuda", dev))
     l2 = bc.l2_bytes(torch.device("cuda", dev))
     dt = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+    per_token, four6 = args.mode.startswith("token"), args.mode.endswith("4over6")
     rows = []
     print(f"{info.name}: copy {bw / 1e12:.2f} TB/s")
     for K in args.k:
         for M in args.m:
             n_sets = max(2, min(32, -(-3 * l2 // (M * K * 2))))
-            gs = torch.tensor([448.0 * 6 / 10.0], device="cuda")
+            gs = torch.tensor([1.0 / 2688.0 if per_token else 448.0 * 6 / 10.0], device="cuda")
             sets = []
             for _ in range(n_sets):
                 a = torch.randn(M, K, device="cuda", dtype=dt) * 3
-                fp4, sf, call = nvfp4._prepare(a, gs, enable_pdl=args.pdl)
-                sets.append((call.arg_values(), a, fp4, sf))  # keep the input and both outputs alive while timing
+                *outs, call = nvfp4._prepare(a, gs, enable_pdl=args.pdl, per_token=per_token,
+                                             four_over_six=nvfp4.FourOverSix() if four6 else None)
+                sets.append((call.arg_values(), a, *outs))  # keep the input and the outputs alive while timing
             pdict = dict(call.params)
             fdict = {"M": M, "num_sms": info.num_sms}
             cands = [t for t in spec.all_tunable_choices() if spec.valid(pdict, t)]
             variants = [Variant.make(spec, pdict, t, info.arch) for t in cands]
             warm(variants, get_config())
             rule, _ = dispatch.select(spec, pdict, fdict)
-            nbytes = M * K * 2 + M * K // 2 + M * K // 16
+            nbytes = M * K * 2 + M * K // 2 + M * K // 16 + (4 * M if per_token else 0)
             res = []
             for v in variants:
                 launcher = RUNNER.get_launcher(v, dev)
