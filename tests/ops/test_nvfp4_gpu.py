@@ -302,7 +302,7 @@ def test_exact_recipe_matches_the_transformer_engine_formula(dtype, init, monkey
 
 FOUR6 = [None, nvfp4.FourOverSix("mae"), nvfp4.FourOverSix("mse"), nvfp4.FourOverSix("mae", True),
          nvfp4.FourOverSix("mse", True, 256)]
-F6_CASES = list(itertools.product(("fp16", "bf16"), LAYOUTS, ((1, 16), (3, 48), (130, 2048), (1000, 7168))))
+F6_CASES = list(itertools.product(("fp16", "bf16"), LAYOUTS, ((1, 16), (3, 48), (130, 4096), (1000, 7168))))
 
 
 def run_poisoned_token(a, gsi, layout, recipe, four6, row_map=None, out_scale=None):
@@ -397,3 +397,29 @@ def test_per_token_cuda_graph_capture_and_replay():
         graph.replay()
         torch.cuda.synchronize()
         check_token(out, quantize_reference(a, gsi, per_token=True, four_over_six=four6), f"graph replay {step}")
+
+
+def test_every_token_form_tunable_matches():
+    """The per-token form at every CTA size (the rules take 128 and 512), with and without 4over6: bit-exact."""
+    spec = get_spec("nvfp4_quantize")
+    dev = torch.cuda.current_device()
+    arch = device_info(dev).arch
+    hw = int(arch[3:].rstrip("af")) >= 100
+    for dtype, K, layout, four6 in itertools.product(("bf16", "fp16"), (48, 2048), LAYOUTS, (None, FOUR6[2])):
+        a = make_input(130, K, dtype, seed=K + 7)
+        ref = quantize_reference(a, 1 / 2688, layout, "exact", per_token=True, four_over_six=four6)
+        params = dict(in_dtype=dtype, sf_layout=nvfp4._LAYOUT_PARAM[layout], K=K, hw_e2m1=hw, pdl=False,
+                      recipe="exact", scale="token", four_over_six="off" if four6 is None else four6.param)
+        for tun in spec.all_tunable_choices():
+            if spec.violations(params, tun):
+                continue
+            variant = Variant.make(spec, params, tun, arch)
+            launcher = RUNNER.get_launcher(variant, dev)
+            fp4, sf, pts, call = nvfp4._prepare(a, 1 / 2688, layout, enable_pdl=False, recipe="exact", per_token=True,
+                                                four_over_six=four6)
+            fp4.fill_(0xFF)
+            sf.fill_(0xFF)
+            pts.fill_(float("nan"))
+            grid = _expr.evaluate(dict(spec.launch)["grid"], dict(variant.values, M=130, num_sms=1))
+            launcher(int(grid), call.arg_values())
+            check_token((fp4, sf, pts), ref, variant.describe())
