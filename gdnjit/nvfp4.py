@@ -231,20 +231,25 @@ def _row_map(row_map, M: int, device, require_cuda: bool):
 
 
 def _out_scale(out_scale, device):
-    """(device pointer, the tensor to keep alive) of out_scale: a one-element float tensor (converted to float32 on
-    ``device``, a copy, where it is not) or a Python number."""
+    """(device pointer or 0, value, the tensor to keep alive) of out_scale: a one-element float tensor (converted to
+    float32 on ``device``, a copy, where it is not; read by the kernel) or a Python number (a kernel argument: no copy,
+    graph-safe); none: 1 (an exact identity)."""
     if out_scale is None:
-        return 0, None
+        return 0, 1.0, None
     if isinstance(out_scale, torch.Tensor):
         if out_scale.numel() != 1 or not out_scale.dtype.is_floating_point:
             raise ValueError(f"out_scale: expected a one-element float tensor, got shape {tuple(out_scale.shape)} "
                              f"dtype {str(out_scale.dtype).replace('torch.', '')}")
-        t = out_scale.to(device=device, dtype=torch.float32)
-    elif isinstance(out_scale, (int, float)) and not isinstance(out_scale, bool):
-        t = torch.tensor([float(out_scale)], dtype=torch.float32, device=device)
-    else:
+        if out_scale.dtype != torch.float32 or out_scale.device != device:
+            out_scale = out_scale.to(device=device, dtype=torch.float32)
+        return out_scale.data_ptr(), 1.0, out_scale
+    if isinstance(out_scale, bool) or not isinstance(out_scale, (int, float)):
         raise TypeError(f"out_scale: expected a one-element tensor or a number, got {type(out_scale).__name__}")
-    return t.data_ptr(), t
+    try:
+        value = _F32.unpack(_F32.pack(float(out_scale)))[0]  # the value the kernel will see
+    except OverflowError:
+        value = math.copysign(math.inf, float(out_scale))
+    return 0, value, None
 
 
 def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, sf_vec_size=16, enable_pdl=None,
@@ -294,7 +299,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
         raise ValueError(f"a: {M} rows of K={K} are too many for one call (at most 2^32 - 2^12 16-element blocks, "
                          f"padding included); split it")
     row_map = _row_map(row_map, M, device, require_cuda) if per_token else None
-    osc_ptr, osc_tensor = _out_scale(out_scale, device) if per_token else (0, None)
+    osc_ptr, osc_value, osc_tensor = _out_scale(out_scale, device) if per_token else (0, 1.0, None)
     # a row map may leave rows out: their outputs are zeros (FlashInfer: the scales zeros, codes and per-token
     # scales uninitialised)
     alloc = torch.zeros if row_map is not None else torch.empty
@@ -324,7 +329,7 @@ def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, s
                   four_over_six="off" if four_over_six is None else four_over_six.param)
     args = dict(x=x.data_ptr(), q=fp4.data_ptr(), sf=sf.data_ptr(), gs_ptr=gs_ptr, x_stride=x.stride(0), M=M,
                 sf_rows=sf_rows, gs_value=gs_value, pts=pts.data_ptr() if per_token else 0,
-                perm=row_map.data_ptr() if row_map is not None else 0, osc_ptr=osc_ptr,
+                perm=row_map.data_ptr() if row_map is not None else 0, osc_ptr=osc_ptr, osc_value=osc_value,
                 err_denom=6.0 * (448 if four_over_six is None else four_over_six.e4m3_max))
     return (*outs, KernelCall(spec, params, dict(M=M), args, dev, pdl=pdl))
 

@@ -34,7 +34,8 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
         bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices, bool zero_padding) -> ()
     nvfp4_quantize(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout,
         bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend, bool fast_math, bool per_token,
-        str four_over_six, int e4m3_max, Tensor? row_map, Tensor? out_scale) -> (Tensor, Tensor, Tensor)
+        str four_over_six, int e4m3_max, Tensor? row_map, Tensor? out_scale, float out_scale_value)
+        -> (Tensor, Tensor, Tensor)
     causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu,
         Tensor? conv_state_indices, Tensor? num_accepted_tokens, Tensor? query_start_loc,
         int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()
@@ -131,7 +132,7 @@ SCHEMAS = (
     "Tensor? output_state_indices, bool zero_padding) -> ()",
     "(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, bool do_shuffle, int sf_vec_size, "
     "bool? enable_pdl, str backend, bool fast_math, bool per_token, str four_over_six, int e4m3_max, Tensor? row_map, "
-    "Tensor? out_scale) -> (Tensor, Tensor, Tensor)",
+    "Tensor? out_scale, float out_scale_value) -> (Tensor, Tensor, Tensor)",
     "(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, SymInt m, "
     "SymInt k) -> Tensor",
     "(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu, Tensor? conv_state_indices, "
@@ -342,6 +343,7 @@ def _nvfp4_quantize_op(
     a: torch.Tensor, a_global_sf: Optional[torch.Tensor], a_global_sf_value: float, sfLayout: int,
     do_shuffle: bool, sf_vec_size: int, enable_pdl: Optional[bool], backend: str, fast_math: bool, per_token: bool,
     four_over_six: str, e4m3_max: int, row_map: Optional[torch.Tensor], out_scale: Optional[torch.Tensor],
+    out_scale_value: float,
 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     gs = a_global_sf if a_global_sf is not None else a_global_sf_value
     if a.device.type == "cpu" and backend in ("gdnjit", "cuda", "cute-dsl"):
@@ -350,8 +352,9 @@ def _nvfp4_quantize_op(
                                                                    e4m3_max)
     out = _nvfp4.nvfp4_quantize(a, gs, sfLayout=sfLayout, do_shuffle=do_shuffle, sf_vec_size=sf_vec_size,
                                 enable_pdl=enable_pdl, backend=backend, per_token_activation=per_token,
-                                expanded_idx_to_permuted_idx=row_map, out_scale=out_scale, nvfp4_4over6=four6,
-                                fast_math=fast_math)
+                                expanded_idx_to_permuted_idx=row_map,
+                                out_scale=out_scale if out_scale is not None or not per_token else out_scale_value,
+                                nvfp4_4over6=four6, fast_math=fast_math)
     if not per_token:  # one schema for both modes: no per-token scales
         return out[0], out[1], a.new_empty((0,), dtype=torch.float32)
     return out
@@ -359,7 +362,7 @@ def _nvfp4_quantize_op(
 
 @_nvfp4_quantize_op.register_fake
 def _(a, a_global_sf, a_global_sf_value, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, fast_math, per_token,
-      four_over_six, e4m3_max, row_map, out_scale):
+      four_over_six, e4m3_max, row_map, out_scale, out_scale_value):
     K = a.shape[-1]
     M = a.numel() // K
     n = K // 16
@@ -401,12 +404,12 @@ def nvfp4_quantize(a: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,
     fast = _nvfp4._recipe(fast_math, getattr(a, "dtype", None)) == "fast"
     t, value = _split_global_sf(a_global_sf)
     layout = int(_nvfp4._layout(sfLayout))
-    if isinstance(out_scale, (int, float)) and not isinstance(out_scale, bool):
-        out_scale = torch.tensor([float(out_scale)], dtype=torch.float32, device=a.device)
+    # out_scale: a tensor (read by the kernel) or a number (a kernel argument: no copy, graph-safe); none = 1
+    osc, osc_value = (out_scale, 1.0) if isinstance(out_scale, torch.Tensor) or out_scale is None else (None, out_scale)
     fp4, sf, pts = torch.ops.gdnjit.nvfp4_quantize(
         a, t, value, layout, do_shuffle, sf_vec_size, enable_pdl, backend, fast, per_token_activation,
         "off" if four6 is None else four6.param, 448 if four6 is None else four6.e4m3_max,
-        expanded_idx_to_permuted_idx, out_scale)
+        expanded_idx_to_permuted_idx, osc, osc_value)
     return (fp4, sf, pts) if per_token_activation else (fp4, sf)
 
 

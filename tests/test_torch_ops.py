@@ -207,15 +207,17 @@ def test_opcheck_nvfp4(layout):
     g = torch.Generator().manual_seed(layout)
     a = (torch.randn(37, 64, generator=g) * 3).to(torch.bfloat16)
     gs = torch.tensor([448.0 * 6 / 12.0])
-    plain = (False, "off", 448, None, None)
+    plain = (False, "off", 448, None, None, 1.0)
     torch.library.opcheck(raw("nvfp4_quantize"), (a, gs, 1.0, layout, False, 16, None, "gdnjit", True, *plain))
     torch.library.opcheck(raw("nvfp4_quantize"), (a, None, 7.5, layout, False, 16, None, "reference", False, *plain))
     # per-token scales (a row map, an out_scale) and the 4over6 search
     row_map = torch.randint(-1, 37, (40,), generator=g, dtype=torch.int32)
     torch.library.opcheck(raw("nvfp4_quantize"), (a, torch.tensor([1 / 1536]), 1.0, layout, False, 16, None, "gdnjit",
-                                                  False, True, "mse_fp16", 256, row_map, torch.tensor([2.0])))
+                                                  False, True, "mse_fp16", 256, row_map, torch.tensor([2.0]), 1.0))
     torch.library.opcheck(raw("nvfp4_quantize"), (a, gs, 1.0, layout, False, 16, None, "gdnjit", True, False, "mae",
-                                                  448, None, None))
+                                                  448, None, None, 1.0))
+    torch.library.opcheck(raw("nvfp4_quantize"), (a, None, 1 / 2688, layout, False, 16, None, "gdnjit", True, True,
+                                                  "off", 448, None, None, 0.25))
     fp4, sf, pts = ops.nvfp4_quantize(a, 1 / 2688, layout, per_token_activation=True, out_scale=0.5)
     ref = quantize_reference(a, 1 / 2688, layout, "fast", per_token=True, out_scale=0.5)
     assert torch.equal(fp4, ref[0]) and torch.equal(sf, ref[1]) and torch.equal(pts, ref[2])

@@ -362,6 +362,8 @@ def test_per_token_row_map_out_scale_and_strided_rows():
     # the public call returns the per-token scales too; without a map every row is written
     fp4, sf, pts = gdnjit.nvfp4_quantize(a, torch.tensor([1 / 2688], device="cuda"), per_token_activation=True)
     check_token((fp4, sf, pts), quantize_reference(a, 1 / 2688, per_token=True), "public per-token call")
+    got = gdnjit.nvfp4_quantize(a, 1 / 2688, per_token_activation=True, out_scale=0.75)  # a number: a kernel argument
+    check_token(got, quantize_reference(a, 1 / 2688, per_token=True, out_scale=0.75), "out_scale number")
     fp4, sf, pts = gdnjit.nvfp4_quantize(a[:0], 1 / 2688, per_token_activation=True)
     assert fp4.shape == (0, 1024) and pts.shape == (0,)
 

@@ -62,7 +62,12 @@ def test_per_token_call_params_and_args():
     # a row map: its tensor is the kernel's, and the outputs start zeroed (rows it leaves out stay 0)
     perm = torch.tensor([4, -1, 0, 2, 1], dtype=torch.int32)
     fp4, sf, pts, call = prep(a, 1 / 2688, per_token=True, row_map=perm, out_scale=2.0)
-    assert call.args["perm"] == perm.data_ptr() and call.args["osc_ptr"] != 0
+    assert call.args["perm"] == perm.data_ptr() and call.args["osc_ptr"] == 0 and call.args["osc_value"] == 2.0
+    osc = torch.tensor([0.5])
+    call = prep(a, 1 / 2688, per_token=True, out_scale=osc)[3]
+    assert call.args["osc_ptr"] == osc.data_ptr() and call.args["osc_value"] == 1.0
+    assert prep(a, 1 / 2688, per_token=True)[3].args["osc_value"] == 1.0  # none: an exact identity
+    assert prep(a, 1 / 2688, per_token=True, out_scale=1e39)[3].args["osc_value"] == float("inf")
     assert not fp4.any() and not sf.any() and not pts.any()
     for bad, exc, needle in ((perm.long(), TypeError, "expanded_idx_to_permuted_idx: expected dtype int32"),
                              (perm[:4], ValueError, "at least 5 entries"),
