@@ -475,7 +475,8 @@ def _retile(doc: LineDict, file: str, tunables: tuple, names: set) -> tuple[tupl
     and whose ``use`` sets some of those tunables to allowed values)."""
     allowed = dict(tunables)
     may_doc = doc.get("retile_may_set", LineList())
-    if not isinstance(may_doc, list) or any(n not in allowed for n in may_doc) or len(set(may_doc)) != len(may_doc):
+    if (not isinstance(may_doc, list) or any(not isinstance(n, str) or n not in allowed for n in may_doc)
+            or len(set(may_doc)) != len(may_doc)):
         raise _err(file, "retile_may_set", f"expected a list of distinct tunable names ({list(allowed)}), "
                    f"got {may_doc!r}", doc, "retile_may_set")
     may = tuple(may_doc)

@@ -1153,6 +1153,7 @@ def test_retile_sees_the_calls_own_params_after_rules_and_tuned(tmp_path):
 
 @pytest.mark.parametrize("old, new, key, reason", [
     ("retile_may_set: [t]", "retile_may_set: [u]", "retile_may_set", "distinct tunable names"),
+    ("retile_may_set: [t]", "retile_may_set: [[], t]", "retile_may_set", "distinct tunable names"),  # (fuzz-found)
     ("    use: {t: 1}\n    why: the hidden", "    use: {t: 3}\n    why: the hidden", "retile[0].use.t", "not an allowed"),
     ("retile_may_set: [t]", "retile_may_set: []", "retile[0].use", "may set only the tunables"),
     ('  - when: "flag and t == 2 and B < 20"', '  - when: "flag and per == 2"', "retile[0].when", "unknown names"),
