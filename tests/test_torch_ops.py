@@ -462,8 +462,23 @@ def _nvfp4_step():
     return fn, lambda: (a.clone(), torch.tensor([50.0]))
 
 
+def _nvfp4_per_token_step():
+    """Per-token scales with the 4over6 search and an out_scale, traced whole (the op's third output)."""
+    from gdnjit.nvfp4 import FourOverSix
+
+    a = (torch.randn(40, 64) * 2).to(torch.float16)
+
+    def fn(x, gsi):
+        fp4, sf, pts = ops.nvfp4_quantize(x * 2, gsi, 0, per_token_activation=True, out_scale=0.5,
+                                          nvfp4_4over6=FourOverSix("mse"))
+        return (fp4, sf, pts * 2)
+
+    return fn, lambda: (a.clone(), torch.tensor([1 / 2688]))
+
+
 STEPS = {"decode-pool": _decode_step, "verify": _verify_step, "replay-verify": _replay_verify_step,
-         "replay-commit": _replay_commit_step, "kmajor": _kmajor_step, "nvfp4": _nvfp4_step}
+         "replay-commit": _replay_commit_step, "kmajor": _kmajor_step, "nvfp4": _nvfp4_step,
+         "nvfp4-per-token": _nvfp4_per_token_step}
 
 
 @pytest.mark.parametrize("step", list(STEPS))
