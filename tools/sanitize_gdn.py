@@ -45,7 +45,8 @@ def main() -> int:
     ap.add_argument("--staged-only", action="store_true", help="only the variants that use shared memory")
     ap.add_argument("--forms", action="store_true",
                     help="also run every multi-token case with each forced kernel kind (--kinds)")
-    ap.add_argument("--kinds", nargs="+", default=["chunk", "mma", "pipe2", "mma_pipe2"], choices=[*OVERRIDES, "tc"],
+    ap.add_argument("--kinds", nargs="+", default=["chunk", "mma", "pipe2", "mma_pipe2"],
+                    choices=[*OVERRIDES, "tc", "tc128"],
                     help="the forced kinds of --forms (default: chunk, mma, pipe2, mma_pipe2)")
     args = ap.parse_args()
     todo = cases(args.staged_only)
@@ -55,7 +56,7 @@ def main() -> int:
     if args.forms:
         from gdnjit.spec import get_spec
 
-        kinds = dict(OVERRIDES, tc=TC_OVERRIDE)
+        kinds = dict(OVERRIDES, tc=TC_OVERRIDE, tc128={"form": "tc", "tile_v": 128})  # tc128: a bf16 state's 128-row tiles
         for kind in args.kinds:
             for i, c in enumerate(todo):
                 if c.T > 1 and forced_tunables(get_spec("gdn"), case_params(c), {}, kinds[kind]) is not None:

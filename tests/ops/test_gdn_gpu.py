@@ -266,6 +266,22 @@ def test_tc_form_forced(case):
         check(case, run_case(case, seed=random.Random(f"tc{case}").randrange(1 << 30)))
 
 
+# a bf16 state's 128-row tiles (two 64-row blocks per warp): every bf16 case with V >= 128 (the verify without a
+# writeback also in tests/ops/test_gdn_invariance_gpu.py, bit for bit against the 64-row tiles)
+TC128_OVERRIDE = {"form": "tc", "tile_v": 128}
+TC128_CASES = [c for c in TC_CASES if c.state_dtype == "bf16" and c.V >= 128]
+
+
+@pytest.mark.parametrize("case", TC128_CASES, ids=[f"tc128-T{c.T}-{i}" for i, c in enumerate(TC128_CASES)])
+def test_tc_form_128_row_tiles_forced(case):
+    """The tc form's 128-row tiles on every bf16-state case of the tc grid that has them (V 128 / 256)."""
+    from gdnjit.spec import get_spec
+
+    assert forced_tunables(get_spec("gdn"), case_params(case), {}, TC128_OVERRIDE) is not None
+    with forcing(TC128_OVERRIDE):
+        check(case, run_case(case, seed=random.Random(f"tc128{case}").randrange(1 << 30)))
+
+
 # ---- the row's K split across warps (k_warps), forced -----------------------------------------
 KW_CASES = [(c, name) for c in MATRIX + EXTREME_GATES for name in KW_OVERRIDES][::7]
 

@@ -371,6 +371,62 @@ def test_tc_row_tile_does_not_change_bits(shape, T, cache):
 
 
 
+@pytest.mark.parametrize("T", [2, 3, 4, 8])
+@pytest.mark.parametrize("mode", ["update", "commit", "spec_step"])
+@pytest.mark.parametrize("shape", [(37, 4, 16, 128, "pool"), (5, 2, 8, 256, "pool"), (9, 1, 3, 256, "strided")])
+def test_tc_row_tile_of_a_state_write_does_not_change_bits(shape, mode, T):
+    """The bf16 state's writing tc kernels (the state-updating multi-token call, ReplaySSM's commit, the fused step:
+    replay, checkpoint write and verify) with 128-row tiles (two 64-row blocks per warp, one after the other) give the
+    64-row tiles' bits: outputs, state, caches and control words, over two steps, with a padding row, accept counts
+    0..T, GVA, V = 256 (two tiles per head) and a strided pool where the call takes one."""
+    from gdn_cases import forcing
+
+    B, H, HV, V, kind = shape
+    if kind == "strided" and mode != "update":
+        pytest.skip("the commit's and the step's pools are dense per slot (docs/api.md)")
+    K, bf = 128, torch.bfloat16
+    slots = 2 * B + 3
+    gen = torch.Generator(device=DEV).manual_seed(1000 * B + 10 * T + len(mode))
+    backing0 = (torch.randn(slots, 2 * HV if kind == "strided" else HV, V, K, device=DEV, generator=gen) * 0.1).to(bf)
+    idx = torch.randperm(slots, device=DEV, generator=gen)[:B].to(torch.int32)
+    idx[1] = -1  # a padding row
+    accs = [torch.randint(0, T + 1, (B,), device=DEV, dtype=torch.int32, generator=gen) for _ in range(2)]
+    steps = [_inputs(B, T, H, HV, K, V, seed=10 * B + T + i) for i in range(2)]
+    got = {}
+    for tile in (64, 128):
+        backing = backing0.clone()
+        pool = backing[:, ::2] if kind == "strided" else backing  # strided: every other head of a bigger pool
+        outs, extra = [], []
+        with forcing({"form": "tc", "tile_v": tile}):
+            if mode == "spec_step":
+                cache = gdnjit.spec_cache(slots, H, HV, T, K, V, dtype=bf, device=DEV)
+                for x in cache[:4]:  # the first step's replayed drafts read defined values
+                    x.zero_()
+                for (q, k, v, A_log, a, dt_bias, b), acc in zip(steps, accs):
+                    outs.append(gdnjit.gated_delta_rule_spec_step(q, k, v, A_log, a, dt_bias, b, pool, idx, acc, cache))
+                extra = list(cache)
+            elif mode == "commit":
+                g2 = torch.Generator(device=DEV).manual_seed(T)
+                rawv = torch.randn(1, slots, HV, T, V, device=DEV, generator=g2).to(bf)
+                rawk = torch.randn(1, slots, H, T, K, device=DEV, generator=g2).to(bf)
+                gc = -torch.rand(1, slots, HV, T, device=DEV, generator=g2) * 2
+                bc = torch.rand(1, slots, HV, T, device=DEV, generator=g2)
+                for acc in accs:
+                    gdnjit.gated_delta_rule_replayssm_commit(pool[None], rawv, rawk, gc, bc, idx, acc)
+            else:
+                for q, k, v, A_log, a, dt_bias, b in steps:
+                    out = torch.full((B, T, HV, V), float("nan"), device=DEV, dtype=bf)
+                    gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dt_bias, b, output=out,
+                                                disable_state_update=False)
+                    outs.append(out)
+            torch.cuda.synchronize()
+        got[tile] = [x.view(torch.int16) if x.element_size() == 2 else x.view(torch.int32) for x in [backing, *outs, *extra]]
+    assert all(torch.equal(x, y) for x, y in zip(got[64], got[128]))
+    assert not torch.equal(got[128][0], backing0.view(torch.int16))  # the state was written
+    if kind == "strided":  # the other heads untouched
+        assert torch.equal(got[128][0][:, 1::2], backing0[:, 1::2].view(torch.int16))
+
+
 @pytest.mark.parametrize("state_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [3, 8])
 @pytest.mark.parametrize("mode", ["update", "cache", "spec_step"])

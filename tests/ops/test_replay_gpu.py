@@ -24,12 +24,13 @@ bf = torch.bfloat16
 
 
 TC = {"form": "tc"}
+TC128 = {"form": "tc", "tile_v": 128}  # a bf16 state's 128-row tiles: two 64-row blocks per warp
 
 
 def _form(form):
     from gdn_cases import forcing
 
-    return forcing(TC) if form == "tc" else contextlib.nullcontext()
+    return forcing(TC) if form == "tc" else forcing(TC128) if form == "tc128" else contextlib.nullcontext()
 
 
 def _rel(x, ref):
@@ -88,10 +89,12 @@ def test_verify_caches_raw_inputs_at_the_read_slot(N, T, sdt, form):
 @pytest.mark.parametrize("K,V", [(128, 128), (64, 64), (256, 128), (128, 256)])
 @pytest.mark.parametrize("track", [False, True])
 @pytest.mark.parametrize("null", [-1, 0, 3])  # 3: FlashInfer's null_block_id is any int >= -1 (slots 1..3 skipped)
-@pytest.mark.parametrize("form", ["rule", "tc"])
+@pytest.mark.parametrize("form", ["rule", "tc", "tc128"])
 def test_commit_matches_the_reference(K, V, sdt, track, null, form):
-    if form == "tc" and (K != 128 or track):
+    if form != "rule" and (K != 128 or track):
         pytest.skip("the tc form's commit: K = 128, without track")
+    if form == "tc128" and sdt != bf:
+        pytest.skip("128-row tiles: bf16 state only")
     L, S, H, HV, T, B = 2, 24, 4, 8, 6, 9
     g = torch.Generator(device=DEV).manual_seed(K + V + int(track) + 3 * null)
     ck = (torch.randn(L, S, HV, V, K, device=DEV, generator=g) * 0.1).to(sdt)

@@ -59,6 +59,7 @@ def _state_tol(sdt):
 # (bf16 q/k, K = 128, T 2..8); the rules pick tc where it runs
 RECURRENT = {"form": "recurrent", "lanes_per_row": 8, "ilp": 2, "tile_v": 16, "stage": False, "pipe": 1}
 TC = {"form": "tc"}
+TC128 = {"form": "tc", "tile_v": 128}  # a bf16 state's 128-row tiles: two 64-row blocks per warp
 
 
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
@@ -78,11 +79,14 @@ def test_loop_matches_the_reference(K, V, T, sdt, null, form):
 @pytest.mark.parametrize("sdt", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("T", [2, 3, 4, 5, 8])  # (4: bf16 state at 7 CTAs per SM, its own register budget)
 @pytest.mark.parametrize("V", [128, 256])
-@pytest.mark.parametrize("forms", ["tc", "mixed"])
+@pytest.mark.parametrize("forms", ["tc", "tc128", "mixed"])
 def test_tc_form_loop_matches_the_reference(V, T, sdt, forms):
-    """The tc form forced over its domain (odd T: a lane's second token slot empty), and steps alternating between
-    the forms: a step replays what the other form cached (the cache contents are the same bits either way)."""
-    steps = [TC] * 4 if forms == "tc" else [TC, RECURRENT, TC, RECURRENT]
+    """The tc form forced over its domain (odd T: a lane's second token slot empty; tc128: a bf16 state's 128-row
+    tiles), and steps alternating between the forms: a step replays what the other form cached (the cache contents
+    are the same bits either way)."""
+    if forms == "tc128" and sdt != bf:
+        pytest.skip("128-row tiles: bf16 state only")
+    steps = {"tc": [TC] * 4, "tc128": [TC128] * 4, "mixed": [TC, RECURRENT, TC128 if sdt == bf else TC, RECURRENT]}[forms]
     _loop(128, V, T, sdt, -1, steps)
 
 
