@@ -273,7 +273,7 @@ TC128_CASES = [c for c in TC_CASES if c.state_dtype == "bf16" and c.V >= 128]
 
 
 @pytest.mark.parametrize("case", TC128_CASES, ids=[f"tc128-T{c.T}-{i}" for i, c in enumerate(TC128_CASES)])
-def test_tc_form_128_row_tiles_forced(case):
+def test_tc_form_forced_128_row_tiles(case):
     """The tc form's 128-row tiles on every bf16-state case of the tc grid that has them (V 128 / 256)."""
     from gdnjit.spec import get_spec
 
