@@ -46,7 +46,7 @@ def main() -> int:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ops"))
     from gdn_cases import forcing
 
-    def form(sdt, T):
+    def form(T):  # the tc calls' context: the forced tile, or the rules
         if args.tile_v is None or T != FUSED_T[1]:
             return contextlib.nullcontext()
         return forcing({"form": "tc", "tile_v": args.tile_v})
@@ -64,7 +64,7 @@ def main() -> int:
                 acc = torch.tensor(acc, dtype=torch.int32, device=DEV)
                 q, k, v, a, b = tokens(g, T)
                 ref = spec_step_reference(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache)
-                with form(sdt, T):
+                with form(T):
                     out = gdnjit.gated_delta_rule_spec_step(q, k, v, A_log, a, dtb, b, pool, idx, acc, cache)
                     torch.cuda.synchronize()
                 eo, es = rel(out.float(), ref.output), rel(pool.float(), ref.state.float())
@@ -72,7 +72,7 @@ def main() -> int:
                 bad += eo > 2e-2 or es > tol
             acc = torch.tensor([3, 2, 1, 1, 2], dtype=torch.int32, device=DEV)
             ref = spec_step_reference(None, None, None, None, None, None, None, pool, idx, acc, cache, flush=True)
-            with form(sdt, T):
+            with form(T):
                 gdnjit.gated_delta_rule_spec_flush(pool, idx, acc, cache)
                 torch.cuda.synchronize()
             e = rel(pool.float(), ref.state.float())
@@ -84,7 +84,7 @@ def main() -> int:
             rawv, rawk = torch.zeros(S, HV, T, V, dtype=bf, device=DEV), torch.zeros(S, H, T, K, dtype=bf, device=DEV)
             gc, bc = torch.zeros(S, HV, T, device=DEV), torch.zeros(S, HV, T, device=DEV)
             q, k, v, a, b = tokens(g, T)
-            with form(sdt, T):
+            with form(T):
                 gdnjit.gated_delta_rule_mtp(q, k, v, pool, idx, A_log, a, dtb, b, disable_state_update=True,
                                             cache_replayssm=True, replayssm_rawv=rawv, replayssm_rawk=rawk,
                                             replayssm_g=gc, replayssm_beta=bc)
@@ -95,7 +95,7 @@ def main() -> int:
             acc = torch.tensor([3, 2, 1, T, 2], dtype=torch.int32, device=DEV)
             ck = pool.unsqueeze(0)
             ref = replay_commit_reference(ck, rawv[None], rawk[None], gc[None], bc[None], idx, acc, **kw)
-            with form(sdt, T):
+            with form(T):
                 gdnjit.gated_delta_rule_replayssm_commit(ck, rawv[None], rawk[None], gc[None], bc[None], idx, acc,
                                                          **kw)
                 torch.cuda.synchronize()
