@@ -70,6 +70,25 @@ def test_bench_spec_floors_split_replayssm(capsys):
     assert all(not s[n].any() for n in ("rawk", "rawv", "g_cache", "beta_cache"))
 
 
+def test_bench_spec_state_copy_moves_the_two_state_passes():
+    """bench_spec's `copy` row (the floor's achievable part at a size): its bytes are exactly the fused step's two
+    state passes, and its call copies the B requests' states bit for bit, in the state's dtype."""
+    import importlib.util
+
+    import torch
+
+    spec = importlib.util.spec_from_file_location("bench_spec", ROOT / "tools" / "bench_spec.py")
+    bs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bs)
+    for B, T, HV, es in ((1, 2, 32, 4), (64, 4, 64, 2)):
+        assert bs.floor_bytes("copy", B, T, HV, es) == 2 * B * HV * bs.V * bs.K * es
+    for sdt in (torch.float32, torch.bfloat16):
+        s = bs.make_set(3, 2, 32, sdt, ["copy"], torch.device("cpu"), seed=2)
+        assert s["copy_src"].shape == (3, 32, bs.V, bs.K) and s["copy_dst"].dtype == sdt
+        bs.copy(s)
+        assert torch.equal(s["copy_dst"].view(torch.uint8), s["copy_src"].view(torch.uint8))
+
+
 def test_bench_compat_force_takes_gdn_tunables_only(capsys, monkeypatch):
     """bench_compat --force: a JSON object of gdn tunables with allowed values (JSON types: 1 is not true), else one
     line naming what was wrong (exit status 2 before any GPU work)."""

@@ -11,11 +11,14 @@ slots (random distinct slots per request), accepted counts uniform in 1..T (fixe
   rs_commit    that commit alone, replaying the accepted cached tokens into the slots (two state passes)
   fused        gated_delta_rule_spec_step: replay the previous step's accepted tokens and verify the new ones
   decode       one plain decode step (T = 1) over the same pool, for reference
+  copy         a dense copy of the B requests' states (an SM copy kernel, `torch.mul(src, 1, out=dst)`): what moving
+               two state passes costs at this size, the floor's achievable part (its frac: a copy's own fraction of
+               the large-copy bandwidth; small grids do not reach it either)
 Floor = the bytes a step must move over the copy bandwidth measured in the same run (bench_common.copy_bandwidth,
 read + write): verify_copy (T + 3) x the B requests' states (read, T written, the copy's read + write), replayssm 3
 (verify read, commit read + write), rs_verify 1, rs_commit, fused and decode 2; plus q/k/v/a/b read and the outputs
 written (not rs_commit), and the cached tokens: T written (replayssm, rs_verify, fused), the accepted ones read back
-(replayssm, rs_commit, fused). frac = floor / measured;
+(replayssm, rs_commit, fused); copy the two state passes alone. frac = floor / measured;
 x T=1 = measured / decode's. Microseconds per step per layer: CUDA-graph replay medians over rotating input sets
 (working set >= 3x L2). --dry-run (no GPU needed) builds one small input set on the CPU and prints the planned rows
 with their floor bytes.
@@ -38,7 +41,7 @@ import bench_common as bc  # noqa: E402
 
 H, K, V = 16, 128, 128
 LABELS = {"verify_copy": "verify+copy", "replayssm": "replayssm", "rs_verify": "rs verify", "rs_commit": "rs commit",
-          "fused": "fused", "decode": "decode T=1"}
+          "fused": "fused", "decode": "decode T=1", "copy": "state copy"}
 DRY_RUN_L2 = 50 << 20  # H100's L2, to plan the number of input sets without a GPU
 
 
@@ -80,6 +83,9 @@ def make_set(B, T, HV, sdt, modes, dev, seed):
                  a1=torch.randn(B, 1, HV, device=dev, dtype=bf, generator=g),
                  b1=torch.randn(B, 1, HV, device=dev, dtype=bf, generator=g),
                  out1=torch.empty(B, 1, HV, V, device=dev, dtype=bf))
+    if "copy" in modes:
+        s.update(copy_src=torch.randn(B, HV, V, K, device=dev, generator=g).to(sdt),
+                 copy_dst=torch.empty(B, HV, V, K, device=dev, dtype=sdt))
     return s
 
 
@@ -103,7 +109,7 @@ def floor_bytes(mode: str, B: int, T: int, HV: int, es: int) -> float:
     written, read_back = B * T * token, B * (T + 1) / 2 * token
     return {"verify_copy": (T + 3) * state + T * io, "replayssm": 3 * state + T * io + cached,
             "rs_verify": state + T * io + written, "rs_commit": 2 * state + read_back,
-            "fused": 2 * state + T * io + cached, "decode": 2 * state + io}[mode]
+            "fused": 2 * state + T * io + cached, "decode": 2 * state + io, "copy": 2 * state}[mode]
 
 
 def copy_back(s):
@@ -148,8 +154,13 @@ def decode(s):
                                                 initial_state_indices=s["idx"])
 
 
+def copy(s):
+    # an SM kernel: captured into a graph, copy_ becomes a copy-engine memcpy node, slower (bench_common)
+    torch.mul(s["copy_src"], 1, out=s["copy_dst"])
+
+
 CALLS = {"verify_copy": verify_copy, "replayssm": replayssm, "rs_verify": rs_verify, "rs_commit": rs_commit,
-         "fused": fused, "decode": decode}
+         "fused": fused, "decode": decode, "copy": copy}
 
 
 def shapes(args):
