@@ -320,6 +320,10 @@ def test_engine_verify_variants_compile_clean():
     hinted = {(dict(v.params)["accepted"], dict(v.params)["tree"], dict(v.params)["state_dtype"]) for v in todo
               if dict(v.values)["lanes_per_row"] == 4 and dict(v.values)["min_blocks"] == 1}
     assert hinted == {(a, False, sd) for a in (True, False) for sd in ("fp32", "bf16")}
+    # and SGLang's staged 16-lane bf16 chain (B = 1, T 8 measured: 1.07 -> 0.92x the native call, v51); not vLLM's, not fp32
+    hinted16 = {(dict(v.params)["accepted"], dict(v.params)["tree"], dict(v.params)["state_dtype"]) for v in todo
+                if dict(v.values)["lanes_per_row"] == 16 and dict(v.values)["stage"] and dict(v.values)["min_blocks"] == 1}
+    assert hinted16 == {(False, False, "bf16")}
 
 
 def test_bf16_one_token_whole_head_ctas_fit_two_per_sm():

@@ -561,11 +561,12 @@ def _native_mtp(inputs, N, T, pool, read, out, **kw):
 @pytest.mark.parametrize("kind, sdt, tree, T", [("unstaged", torch.bfloat16, False, 4), ("unstaged", torch.bfloat16, False, 8),
                                                  ("staged16", torch.float32, True, 4), ("pipe", torch.bfloat16, False, 8),
                                                  ("pipe4", torch.float32, False, 6), ("staged", torch.bfloat16, False, 4),
-                                                 ("staged", torch.float32, False, 4)])
+                                                 ("staged", torch.float32, False, 4), ("staged16", torch.bfloat16, False, 8)])
 def test_sglang_verify_matches_the_native_verify_bitwise(kind, sdt, tree, T):
     """SGLang's verify dispatches as the native verify of its shape (gdn.yaml dispatch_params) but may ask ptxas for
     another register budget (min blocks 18 for the 1-warp bf16 chain at T <= 4, a 96-register cap at T > 4, 32 warps
-    per SM for a staged fp32 tree, min blocks 1 for the staged 4-lane variant of B = 1) or carry its indices through the pipelined kernel: same source for the tokens, same
+    per SM for a staged fp32 tree, min blocks 1 for the staged 4-lane variant of B = 1 and for the staged bf16
+    16-lane one of B = 1, T = 8) or carry its indices through the pipelined kernel: same source for the tokens, same
     bits. A tree whose parents are each the previous token is the chain. (docs/design.md 4.8)"""
     N = 6
     q, k, v, a, b, A_log, dtb, pool = _inputs(N * T, sdt, 77)
