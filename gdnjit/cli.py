@@ -57,8 +57,9 @@ def _cache(config, write: bool = False, create: bool = False) -> DiskCache:
 
 
 def cmd_warm(args) -> int:
-    from .shapes import load_shapes
-    from .warm import check_supported_arch, plan, tuned_docs, warm
+    from . import plan_record
+    from .shapes import load_shapes, resolve_path
+    from .warm import all_cached, check_supported_arch, plan, tuned_docs, warm
 
     config = get_config()
     archs = args.arch  # each checked by argparse (_arch)
@@ -69,29 +70,50 @@ def cmd_warm(args) -> int:
             return 2
         archs = [check_supported_arch(local, what="the local GPU's arch (pass --arch to warm for another)")]
     cache = _cache(config)  # a cache dir that is a file fails here; writing is checked once the plan stands
-    problems = []
-    for f in args.shapes:
-        problems += load_shapes(f)
     t0 = time.perf_counter()
-    variants = plan(problems, archs, args.num_sms, tuned_docs(config), batch_invariant=config.batch_invariant)
-    if not args.dry_run:
-        cache.check(write=True, create=True)  # unwritable: one line now, not an OSError per worker
-    if args.dry_run:
-        for v in variants:
-            print(f"{v.name}  {v.describe()}")
-        print(f"{len(variants)} variants for {len(problems)} problems on {', '.join(archs)}")
+    docs = tuned_docs(config)
+    shapes = [resolve_path(f).read_bytes() for f in args.shapes]  # a missing file fails here
+    record_key = plan_record.digest(shapes, archs, args.num_sms, docs, config.batch_invariant)
+    record = None if config.disable_disk_cache else plan_record.load(config.cache_dir, record_key)
+    results = None
+    if record is not None and not args.dry_run:
+        results = all_cached(record[0], config)  # every recorded variant cached: nothing to plan or compile
+    if record is not None and args.dry_run:
+        for r in record[0]:
+            print(f"{r.name}  {r.description}")
+        print(f"{len(record[0])} variants for {record[1]} problems on {', '.join(archs)}")
         return 0
-    n = len(variants)
+    n = len(results) if results is not None else 0
     done = [0]
 
     def progress(res):
         done[0] += 1
         if sys.stderr.isatty():
-            print(f"\r[{done[0]}/{n}] {res.status:8s} {res.variant.name[:90]:90s}", end="", file=sys.stderr, flush=True)
+            print(f"\r[{done[0]}/{n}] {res.status:8s} {res.name[:90]:90s}", end="", file=sys.stderr, flush=True)
         elif res.status != "cached" or args.verbose:
-            print(f"[{done[0]}/{n}] {res.status} {res.variant.name} ({res.seconds:.2f} s)", file=sys.stderr)
+            print(f"[{done[0]}/{n}] {res.status} {res.name} ({res.seconds:.2f} s)", file=sys.stderr)
 
-    results = warm(variants, config, args.jobs, progress)
+    if results is None:
+        problems = []
+        for f in args.shapes:
+            problems += load_shapes(f)
+        variants = plan(problems, archs, args.num_sms, docs, batch_invariant=config.batch_invariant)
+        if args.dry_run:
+            for v in variants:
+                print(f"{v.name}  {v.describe()}")
+            print(f"{len(variants)} variants for {len(problems)} problems on {', '.join(archs)}")
+            return 0
+        cache.check(write=True, create=True)  # unwritable: one line now, not an OSError per worker
+        n = len(variants)
+        results = warm(variants, config, args.jobs, progress)
+        if not config.disable_disk_cache and not any(r.status == "failed" for r in results):
+            try:
+                plan_record.save(config.cache_dir, record_key, variants, len(problems))
+            except OSError as e:  # the warm itself succeeded: only the next one will plan again
+                print(f"gdnjit warm: warning: the plan was not recorded: {e}", file=sys.stderr)
+    else:
+        for res in results:
+            progress(res)
     if sys.stderr.isatty():
         print(file=sys.stderr)
     failed = [r for r in results if r.status == "failed"]
@@ -99,21 +121,21 @@ def cmd_warm(args) -> int:
         print(f"{'status':9s} {'regs':>4s} {'spill':>5s} {'sec':>6s}  variant")
         for r in results:
             print(f"{r.status:9s} {r.meta.get('registers', 0):4d} {r.meta.get('spill_bytes', 0):5d} "
-                  f"{r.seconds:6.2f}  {r.variant.name}")
+                  f"{r.seconds:6.2f}  {r.name}")
     compiled = sum(r.status == "compiled" for r in results)
     spilling = [r for r in results if r.meta.get("spill_bytes", 0)]
     for r in spilling:
-        print(f"gdnjit warm: warning: variant {r.variant.name} spills {r.meta['spill_bytes']} bytes "
-              f"({r.meta.get('registers', 0)} registers): {r.variant.describe()}", file=sys.stderr)
+        print(f"gdnjit warm: warning: variant {r.name} spills {r.meta['spill_bytes']} bytes "
+              f"({r.meta.get('registers', 0)} registers): {r.description}", file=sys.stderr)
     max_regs = max((r.meta.get("registers", 0) for r in results), default=0)
     print(f"gdnjit warm: {n} variants ({compiled} compiled, {n - compiled - len(failed)} already cached, "
           f"{len(failed)} failed), max registers {max_regs}, {len(spilling)} with spills, "
           f"{time.perf_counter() - t0:.1f} s, cache {config.cache_dir}")
     for r in failed:
-        dump = config.cache_dir / "failed" / f"{r.variant.name}.cu"
+        dump = config.cache_dir / "failed" / f"{r.name}.cu"
         dump.parent.mkdir(parents=True, exist_ok=True)
         dump.write_text(r.error)
-        print(f"FAILED {r.variant.describe()}: source and NVRTC log in {dump}", file=sys.stderr)
+        print(f"FAILED {r.description}: source and NVRTC log in {dump}", file=sys.stderr)
     if args.strict and spilling:
         print(f"gdnjit warm: --strict: {len(spilling)} variant(s) spill registers (listed above)", file=sys.stderr)
     return 1 if failed or (args.strict and spilling) else 0
@@ -340,8 +362,13 @@ def cmd_cache(args) -> int:
         print(f"imported {imported} entries into {cache.dir} ({skipped} invalid skipped)")
         return 1 if skipped else 0
     if args.action == "clear":
+        from . import plan_record
+
         n = cache.clear()
         print(f"removed {n} files from {cache.dir}")
+        plans = plan_record.clear(config.cache_dir)
+        if plans:
+            print(f"removed {plans} files from {config.cache_dir / plan_record.PLAN_DIR}")
         return 0
     bad = cache.verify(repair=args.repair)
     for name, problem in bad:

@@ -35,22 +35,42 @@ def select(
     return select_each(spec, params, [facts], batch_invariant)[0]
 
 
-def retiled(spec: Spec, params: Mapping[str, Any], tunables: dict[str, Any], facts: Mapping[str, Any]) -> dict[str, Any]:
+def retiled(spec: Spec, params: Mapping[str, Any], tunables: dict[str, Any], facts: Mapping[str, Any],
+            checks: Sequence[tuple[int, Any]] | None = None) -> dict[str, Any]:
     """``tunables`` as the first of the spec's ``retile`` entries whose ``when`` holds over the call's own params,
-    these tunables and ``facts`` (as dispatch sees them), and whose changed tunables are valid, changes them."""
-    hit = _retile_entry(spec, params, tunables, facts) if spec.retile else None
+    these tunables and ``facts`` (as dispatch sees them), and whose changed tunables are valid, changes them.
+    ``checks``: :func:`retile_checks` of these params, when the caller made them once for many calls."""
+    hit = _retile_entry(spec, params, tunables, facts, checks) if spec.retile else None
     return tunables if hit is None else hit[1]
 
 
-def _retile_entry(spec: Spec, params: Mapping[str, Any], tunables: dict[str, Any],
-                  facts: Mapping[str, Any]) -> tuple[int, dict[str, Any]] | None:
-    """(index, changed tunables) of the retile entry that applies, or None."""
-    context = dict(params)
-    context.update(tunables)
-    context.update(facts)
+def retile_checks(spec: Spec, params: Mapping[str, Any]) -> list[tuple[int, Any]]:
+    """(index, the rest of its ``when``) of each retile entry whose leading conjuncts that read only the call's
+    params hold: they are the same for every tunables and facts of these params (a chain is evaluated left to
+    right, so its leading part decides first), and most entries fail there (``varlen``, the state dtype)."""
+    out = []
     for i, r in enumerate(spec.retile):
-        if _expr.evaluate(r.when, context):
-            changed = dict(tunables, **dict(r.use))
+        parts = _expr.conjuncts(r.when)
+        n = 0
+        while n < len(parts) and _expr.names_in(parts[n]) <= params.keys():
+            n += 1
+        if all(_expr.evaluate(p, params) for p in parts[:n]):
+            out.append((i, _expr.conjunction(parts[n:])))
+    return out
+
+
+def _retile_entry(spec: Spec, params: Mapping[str, Any], tunables: dict[str, Any], facts: Mapping[str, Any],
+                  checks: Sequence[tuple[int, Any]] | None = None) -> tuple[int, dict[str, Any]] | None:
+    """(index, changed tunables) of the retile entry that applies, or None."""
+    checks = retile_checks(spec, params) if checks is None else checks
+    if not checks:
+        return None
+    scope = _expr.scope(params)
+    scope.update(tunables)
+    scope.update(facts)
+    for i, rest in checks:
+        if rest(scope):
+            changed = dict(tunables, **dict(spec.retile[i].use))
             if spec.valid(params, changed):
                 return i, changed
     return None
@@ -64,32 +84,37 @@ def select_each(spec: Spec, params: Mapping[str, Any], facts_seq: Sequence[Mappi
     param: T, the state dtype, the mode)."""
     view = spec.dispatch_view(params)
     fact_names = frozenset(spec.facts)
-    holds: dict[int, tuple | None] = {}  # rule index -> its conjuncts that read a fact, None: another one fails
+    holds: list = [_UNSEEN] * len(spec.rules)  # rule index -> its fact conjuncts' Conjunction, None: another fails
 
-    def fact_parts(i: int, rule: Rule) -> tuple | None:  # evaluated on first need, in rule order
-        if i not in holds:
-            parts = _expr.conjuncts(rule.when) if rule.when is not None else ()
-            if any(_expr.names_in(p) & fact_names for p in parts[:-1]):
-                rest, ok = (rule.when,), True  # a fact conjunct guards a later one: the whole chain per facts
-            else:
-                rest = tuple(p for p in parts if _expr.names_in(p) & fact_names)
-                ok = all(_expr.evaluate(p, view) for p in parts if p not in rest)
-            holds[i] = rest if ok and spec.valid(params, dict(rule.use)) else None
+    def fact_parts(i: int, rule: Rule):  # evaluated on first need, in rule order
+        parts = _expr.conjuncts(rule.when) if rule.when is not None else ()
+        if any(_expr.names_in(p) & fact_names for p in parts[:-1]):
+            rest, ok = parts, True  # a fact conjunct guards a later one: the whole chain per facts
+        else:
+            rest = tuple(p for p in parts if _expr.names_in(p) & fact_names)
+            ok = all(_expr.evaluate(p, view) for p in parts if p not in rest)
+        holds[i] = _expr.conjunction(rest) if ok and spec.valid(params, dict(rule.use)) else None
         return holds[i]
 
+    checks = retile_checks(spec, params) if spec.retile else []
     out = []
     for facts in facts_seq:
         seen = spec.dispatch_facts(facts, batch_invariant)
-        context = dict(view)
-        context.update(seen)
+        scope = _expr.scope(view)
+        scope.update(seen)
         for i, rule in enumerate(spec.rules):
-            rest = fact_parts(i, rule)
-            if rest is not None and all(_expr.evaluate(p, context) for p in rest):
-                out.append((retiled(spec, params, dict(rule.use), seen), rule))
+            test = holds[i]
+            if test is _UNSEEN:
+                test = fact_parts(i, rule)
+            if test is not None and test(scope):
+                out.append((retiled(spec, params, dict(rule.use), seen, checks), rule))
                 break
         else:
             raise DispatchError(f"spec {spec.name}: no rule gives valid tunables for {dict(params)} with {dict(facts)}")
     return out
+
+
+_UNSEEN = object()
 
 
 def explain(spec: Spec, params: Mapping[str, Any], facts: Mapping[str, Any]) -> list[str]:

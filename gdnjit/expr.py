@@ -202,6 +202,45 @@ def evaluate(text: str, context: Mapping[str, Any]) -> Any:
     return result
 
 
+def scope(context: Mapping[str, Any]) -> dict[str, Any]:
+    """``context`` over the callable globals, without builtins: what a :class:`Conjunction` reads (built once
+    for the many conjunctions tried over one context)."""
+    s = dict(_FAST_GLOBALS)
+    s.update(context)
+    return s
+
+
+class Conjunction:
+    """Whether every one of ``parts`` holds over a :func:`scope`, as ``all(evaluate(p, context) for p in parts)``
+    decides it, evaluated as one compiled Python expression when every part is in the common subset
+    (:func:`_fast`): no memo key per part (``gdnjit warm`` plans ~30,000 dispatches, each trying ~13 rules).
+    A part that fails (a missing name, a bad operand) is evaluated again by :func:`evaluate`, which raises the
+    ExprError naming it; a part outside the subset is always evaluated by :func:`evaluate`."""
+
+    __slots__ = ("parts", "code")
+
+    def __init__(self, parts: tuple[str, ...]):
+        self.parts = tuple(parts)
+        fast = all((_SEEDS[p][2] if p in _SEEDS else _fast(p) is not None) for p in self.parts)
+        # each part on its own lines: a part's text cannot reach into the next one
+        self.code = compile(" and ".join(f"(\n{p.strip()}\n)" for p in self.parts), "<gdnjit expression>", "eval") \
+            if fast and self.parts else None
+
+    def __call__(self, scope: dict[str, Any]) -> bool:
+        if self.code is not None:
+            try:
+                return bool(eval(self.code, scope))  # noqa: S307 - whitelisted ASTs (_FAST_NODES), no builtins
+            except (NameError, TypeError, ArithmeticError, ValueError):
+                pass  # evaluate() below raises the error naming the part
+        return all(evaluate(p, scope) for p in self.parts)
+
+
+@functools.lru_cache(maxsize=4096)
+def conjunction(parts: tuple[str, ...]) -> Conjunction:
+    """The :class:`Conjunction` of ``parts``, made once."""
+    return Conjunction(parts)
+
+
 _KEYWORDS = ("and", "or", "if", "else")
 
 

@@ -16,6 +16,7 @@ from . import dispatch
 from .cache import DiskCache
 from .config import Config
 from .errors import CompileError
+from .plan_record import Recorded
 from .shapes import Problem, iter_facts, params_for
 from .spec import get_spec
 from .variant import Variant
@@ -72,32 +73,37 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
             spec = get_spec(prob.spec)
             params = params_for(prob, arch)
             live = [t for t in tables if t.covers(spec.name, params, dict(prob.facts))]  # most problems: none
-            for sms in counts:
-                all_facts = list(iter_facts(prob, sms))
-                ruled = dispatch.select_each(spec, params, [{f: facts[f] for f in spec.facts} for facts in all_facts],
-                                             batch_invariant=batch_invariant)
-                for facts, chosen in zip(all_facts, ruled):
-                    choices = [chosen[0]]
-                    for table in live:
-                        t = table.lookup(spec.name, params, facts, batch_invariant)
-                        if t is not None and spec.valid(params, t):  # as dispatch.select takes it
-                            seen_facts = spec.dispatch_facts({f: facts[f] for f in spec.facts}, batch_invariant)
-                            choices.append(dispatch.retiled(spec, params, dict(t), seen_facts))
-                    for tunables in choices:
-                        # sorted: a rule's tunables come in spec order, a tuned table's in JSON key order
-                        memo = (spec.name, tuple(params.items()), tuple(sorted(tunables.items())), arch)
-                        if memo not in seen:
-                            seen[memo] = Variant.make(spec, params, tunables, arch)
+            # one select_each for every SM count: the rules' conjuncts that read no fact are evaluated once
+            all_facts = [facts for sms in counts for facts in iter_facts(prob, sms)]
+            ruled = dispatch.select_each(spec, params, [{f: facts[f] for f in spec.facts} for facts in all_facts],
+                                         batch_invariant=batch_invariant)
+            for facts, chosen in zip(all_facts, ruled):
+                choices = [chosen[0]]
+                for table in live:
+                    t = table.lookup(spec.name, params, facts, batch_invariant)
+                    if t is not None and spec.valid(params, t):  # as dispatch.select takes it
+                        seen_facts = spec.dispatch_facts({f: facts[f] for f in spec.facts}, batch_invariant)
+                        choices.append(dispatch.retiled(spec, params, dict(t), seen_facts))
+                for tunables in choices:
+                    # sorted: a rule's tunables come in spec order, a tuned table's in JSON key order
+                    memo = (spec.name, tuple(params.items()), tuple(sorted(tunables.items())), arch)
+                    if memo not in seen:
+                        seen[memo] = Variant.make(spec, params, tunables, arch)
     return list(seen.values())
 
 
 @dataclasses.dataclass
 class WarmResult:
-    variant: Variant
+    name: str  # the variant's cache entry name
+    description: str  # Variant.describe()
     status: str  # "cached", "compiled" or "failed"
     seconds: float
     meta: dict
     error: str = ""
+
+
+def _result(variant: Variant, status: str, seconds: float, meta: dict, error: str = "") -> WarmResult:
+    return WarmResult(variant.name, variant.describe(), status, seconds, meta, error)
 
 
 def _warm_one(variant: Variant, config: Config) -> WarmResult:
@@ -105,13 +111,28 @@ def _warm_one(variant: Variant, config: Config) -> WarmResult:
     t0 = time.perf_counter()
     hit = None if config.always_compile else cache.lookup(variant.name, variant.key)
     if hit is not None:
-        return WarmResult(variant, "cached", time.perf_counter() - t0, hit.meta)
+        return _result(variant, "cached", time.perf_counter() - t0, hit.meta)
     try:
         entry = cache.get_or_build(variant.name, variant.key_fields, variant.build)
     except CompileError as e:
-        return WarmResult(variant, "failed", time.perf_counter() - t0, {}, e.dump())
+        return _result(variant, "failed", time.perf_counter() - t0, {}, e.dump())
     status = "compiled" if entry.origin == "built" else "cached"
-    return WarmResult(variant, status, time.perf_counter() - t0, entry.meta)
+    return _result(variant, status, time.perf_counter() - t0, entry.meta)
+
+
+def all_cached(recorded: Sequence[Recorded], config: Config) -> list[WarmResult] | None:
+    """A "cached" result for each variant of a recorded plan (:mod:`gdnjit.plan_record`) when every one is a
+    valid cache entry, else None (the caller plans and warms: nothing here compiles)."""
+    if config.always_compile:
+        return None
+    cache = DiskCache(config)
+    results = []
+    for r in recorded:
+        hit = cache.lookup(r.name, r.key)
+        if hit is None:
+            return None
+        results.append(WarmResult(r.name, r.description, "cached", 0.0, hit.meta))
+    return results
 
 
 def warm(variants: Sequence[Variant], config: Config, jobs: int | None = None,
@@ -126,7 +147,7 @@ def warm(variants: Sequence[Variant], config: Config, jobs: int | None = None,
     for i, v in enumerate(variants):
         hit = None if config.always_compile else cache.lookup(v.name, v.key)
         if hit is not None:
-            results[i] = WarmResult(v, "cached", 0.0, hit.meta)
+            results[i] = _result(v, "cached", 0.0, hit.meta)
             if on_done:
                 on_done(results[i])
         else:

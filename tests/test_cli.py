@@ -185,6 +185,44 @@ def test_second_warm_verbose_table(warm_copy, planned):
     assert len([line for line in err.splitlines() if " cached " in line]) == len(planned)
 
 
+def test_second_warm_takes_the_recorded_plan(warm_copy, planned, monkeypatch):
+    """A warm that finds its plan recorded and every recorded variant cached plans nothing; --dry-run lists the record
+    as the planner would. The first warm (the fixture's) wrote one record."""
+    import gdnjit.warm
+
+    assert len(list((warm_copy / "plans").glob("*.json"))) == 1
+    monkeypatch.setattr(gdnjit.warm, "plan", lambda *a, **k: pytest.fail("planned despite the record"))
+    n = len(planned)
+    rc, out, err = run_cli([*WARM, "-v"])
+    assert rc == 0, err
+    assert f"gdnjit warm: {n} variants (0 compiled, {n} already cached, 0 failed)" in out
+    assert [line.split()[-1] for line in out.splitlines() if line.startswith("cached ")] == [v.name for v in planned]
+    rc, out, err = run_cli([*WARM, "--dry-run"])
+    assert rc == 0, err
+    assert out.splitlines() == [f"{v.name}  {v.describe()}" for v in planned] + [
+        f"{n} variants for {len(load_shapes('qwen35.yaml'))} problems on sm_90"]
+
+
+def test_warm_plans_again_when_a_recorded_entry_is_gone_or_an_input_changed(warm_copy, planned, monkeypatch):
+    """The record only shortens the all-cached check: a missing entry (or a changed input: another key) plans and
+    compiles what is missing, and records again."""
+    import gdnjit.warm
+
+    calls = []
+    real_plan = gdnjit.warm.plan
+    monkeypatch.setattr(gdnjit.warm, "plan", lambda *a, **k: calls.append(1) or real_plan(*a, **k))
+    (warm_copy / ENTRY_DIR / f"{planned[3].name}.json").unlink()
+    n = len(planned)
+    rc, out, err = run_cli(WARM)
+    assert rc == 0, err
+    assert calls == [1] and f"gdnjit warm: {n} variants (1 compiled, {n - 1} already cached, 0 failed)" in out
+    rc, out, err = run_cli(WARM)
+    assert rc == 0 and calls == [1] and f"(0 compiled, {n} already cached" in out
+    rc, out, err = run_cli([*WARM, "--num-sms", "132"])  # another input: another record
+    assert rc == 0 and calls == [1, 1]
+    assert len(list((warm_copy / "plans").glob("*.json"))) == 2
+
+
 def test_second_warm_subprocess_is_fast(warm_copy, planned):
     env = {k: v for k, v in os.environ.items() if not k.startswith("GDNJIT_")}
     env["GDNJIT_CACHE_DIR"] = str(warm_copy)
@@ -282,8 +320,9 @@ def test_cache_clear(warm_copy, planned):
     n = len(planned)
     rc, out, _ = run_cli(["cache", "clear"])
     assert rc == 0
-    assert out.strip() == f"removed {2 * n} files from {warm_copy / ENTRY_DIR}"
-    assert list((warm_copy / ENTRY_DIR).iterdir()) == []
+    assert out.strip().splitlines() == [f"removed {2 * n} files from {warm_copy / ENTRY_DIR}",
+                                        f"removed 1 files from {warm_copy / 'plans'}"]
+    assert list((warm_copy / ENTRY_DIR).iterdir()) == [] and list((warm_copy / "plans").iterdir()) == []
     rc, out, _ = run_cli(["cache", "ls"])
     assert rc == 0 and out == ""
     rc, out, _ = run_cli(["cache", "verify"])
@@ -826,9 +865,9 @@ def _fake_warm(spill_index: int | None, fail_index: int | None = None):
         for i, v in enumerate(variants):
             meta = {"registers": 255 if i == spill_index else 64, "spill_bytes": 24 if i == spill_index else 0}
             if i == fail_index:
-                out.append(WarmResult(v, "failed", 0.0, {}, "// source and log"))
+                out.append(WarmResult(v.name, v.describe(), "failed", 0.0, {}, "// source and log"))
             else:
-                out.append(WarmResult(v, "cached", 0.0, meta))
+                out.append(WarmResult(v.name, v.describe(), "cached", 0.0, meta))
         return out
 
     return fake

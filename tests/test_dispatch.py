@@ -312,6 +312,52 @@ def test_batch_invariant_mode_picks_one_variant_for_every_batch(with_tables):
     assert varies
 
 
+def _plain_select(spec, params, facts, batch_invariant):
+    """The dispatch contract read literally (module docstring), every condition evaluated whole by expr.evaluate:
+    the reference the hoisted, compiled select_each must equal."""
+    from gdnjit import expr
+
+    seen = spec.dispatch_facts(facts, batch_invariant)
+    context = {**spec.dispatch_view(params), **seen}
+    for rule in spec.rules:
+        if (rule.when is None or expr.evaluate(rule.when, context)) and spec.valid(params, dict(rule.use)):
+            tunables = dict(rule.use)
+            for r in spec.retile:
+                if expr.evaluate(r.when, {**params, **tunables, **seen}):
+                    changed = dict(tunables, **dict(r.use))
+                    if spec.valid(params, changed):
+                        return changed, rule
+            return tunables, rule
+    raise AssertionError(f"no rule for {params} {facts}")
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_select_each_equals_the_plain_contract(batch_invariant):
+    """select_each (rules' fact-free conjuncts hoisted per params, conditions compiled into one Python expression,
+    retile's params-only prefixes decided once) chooses what the plain reading of the contract chooses, for every
+    call of the shipped shapes files on sm_90 (each known SM count) and sm_100a."""
+    from gdnjit import shapes, warm
+
+    n = retiled = 0
+    for name in shapes.shipped_shapes():
+        for prob in shapes.load_shapes(shapes.resolve_path(name)):
+            spec = get_spec(prob.spec)
+            for arch, varlen in itertools.product(("sm_90", "sm_100a"), (False, True)):
+                params = shapes.params_for(prob, arch)
+                if varlen:  # vLLM's one-token varlen decode: what the retile entries are for
+                    if prob.spec != "gdn" or params["T"] != 1:
+                        continue
+                    params = dict(params, varlen=True, bounded=True, null_slot="nonpositive")
+                facts = [{k: f[k] for k in spec.facts} for sms in warm.sm_counts_for(arch)
+                         for f in shapes.iter_facts(prob, sms)]
+                for f, chosen in zip(facts, dispatch.select_each(spec, params, facts, batch_invariant)):
+                    want = _plain_select(spec, params, f, batch_invariant)
+                    assert chosen == want, (params, f)
+                    retiled += chosen[0] != dict(chosen[1].use)
+                    n += 1
+    assert n > 10000 and retiled > 0
+
+
 @pytest.mark.parametrize("batch_invariant", [False, True])
 def test_select_each_equals_select_per_call(batch_invariant):
     """dispatch.select_each over a call's batch sizes (gdnjit warm's planner: the conjuncts that read no fact

@@ -912,6 +912,45 @@ def test_expr_and_chains_evaluate_like_jinja():
             checked += 1
     assert checked > 1000
 
+def test_conjunction_decides_as_evaluate_does():
+    """expr.conjunction (one compiled Python expression over expr.scope) holds exactly where every part evaluates
+    truthy, over the shipped specs' rule and retile conditions on random contexts; a part that fails raises evaluate's
+    ExprError naming it; a part outside the common subset (Jinja's) is evaluated by evaluate."""
+    for args in [(("x > 0", "1 // x > 0"), {"x": 0}, False), (("a", "b"), {"a": 1, "b": []}, False),
+                 (("a", "b"), {"a": 1, "b": 2}, True), ((), {}, True), (("min(a, 3) == 3",), {"a": 4}, True),
+                 (("x is defined", "x > 1"), {"x": 2}, True), (("x is defined", "x > 1"), {}, False),
+                 (("s == 'a # b'",), {"s": "a # b"}, True)]:
+        parts, ctx, want = args
+        assert gexpr.conjunction(parts)(gexpr.scope(ctx)) is want, args
+    assert gexpr.conjunction(("x is defined",)).code is None and gexpr.conjunction(("x > 1", "y")).code is not None
+    with pytest.raises(gexpr.ExprError, match=r"'1 // x > 0'.*ZeroDivisionError"):
+        gexpr.conjunction(("x >= 0", "1 // x > 0"))(gexpr.scope({"x": 0}))
+    with pytest.raises(gexpr.ExprError, match=r"'y'.*undefined"):
+        gexpr.conjunction(("x > 0", "y"))(gexpr.scope({"x": 1}))
+    spec = get_spec("gdn")
+    rnd = random.Random(11)
+    allowed = {n: spec.allowed(n) for n in spec.param_names}
+    texts = [r.when for r in spec.rules if r.when] + [r.when for r in spec.retile]
+    checked = held = 0
+    for _ in range(300):
+        ctx = {n: rnd.choice(v) for n, v in allowed.items()}
+        ctx.update({n: rnd.choice(spec.allowed(n)) for n, _ in spec.tunables})
+        ctx.update(B=rnd.choice([1, 2, 4, 8, 32, 100, 512, 4096]), H=16, HV=rnd.choice([16, 32, 48, 64]),
+                   num_sms=rnd.choice([78, 132, 148]))
+        for t in texts:
+            for parts in (gexpr.conjuncts(t), gexpr.conjuncts(t)[1:]):
+                try:
+                    want = all(gexpr.evaluate(p, ctx) for p in parts)
+                except gexpr.ExprError as e:
+                    with pytest.raises(gexpr.ExprError, match=re.escape(str(e))):
+                        gexpr.conjunction(parts)(gexpr.scope(ctx))
+                else:
+                    assert gexpr.conjunction(parts)(gexpr.scope(ctx)) is want, (t, parts)
+                    held += want
+                checked += 1
+    assert checked > 10000 and held > 100
+
+
 @pytest.mark.parametrize(
     "text,context",
     [

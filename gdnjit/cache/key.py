@@ -27,12 +27,13 @@ def canonical(fields: Mapping[str, Any]) -> str:
 
     def tag(v: Any) -> Any:
         # bool/int/float/str must not collide (True vs 1 vs 1.0 vs "1"): tag each scalar with its type.
-        if isinstance(v, Mapping):
+        # the scalars first: a typing.Mapping check costs ~3 us, and a key holds ~250 values
+        if v is None or isinstance(v, (bool, int, float, str)):
+            return [type(v).__name__, v]
+        if isinstance(v, (dict, Mapping)):
             return {str(k): tag(x) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
             return [tag(x) for x in v]
-        if v is None or isinstance(v, (bool, int, float, str)):
-            return [type(v).__name__, v]
         raise TypeError(f"key fields: unsupported value {v!r} of type {type(v).__name__}")
 
     return json.dumps(tag(dict(fields)), sort_keys=True, separators=(",", ":"))
