@@ -491,7 +491,7 @@ def _retile(doc: LineDict, file: str, tunables: tuple, names: set) -> tuple[tupl
         use = r["use"]
         if not isinstance(use, dict) or not use or set(use) - set(may):
             raise _err(file, key + ".use", f"may set only the tunables retile_may_set lists ({list(may)}), got "
-                       f"{sorted(use) if isinstance(use, dict) else use!r}", r, "use")
+                       f"{sorted(use, key=str) if isinstance(use, dict) else use!r}", r, "use")
         for n, v in use.items():
             if v not in allowed[n]:
                 raise _err(file, f"{key}.use.{n}", f"{v!r} is not an allowed value {list(allowed[n])}", use, n)

@@ -1195,6 +1195,7 @@ def test_retile_sees_the_calls_own_params_after_rules_and_tuned(tmp_path):
     ("retile_may_set: [t]", "retile_may_set: [[], t]", "retile_may_set", "distinct tunable names"),  # (fuzz-found)
     ("    use: {t: 1}\n    why: the hidden", "    use: {t: 3}\n    why: the hidden", "retile[0].use.t", "not an allowed"),
     ("retile_may_set: [t]", "retile_may_set: []", "retile[0].use", "may set only the tunables"),
+    ("    use: {t: 1}\n", "    use: {t: 1, 3: 1}\n", "retile[0].use", "may set only the tunables"),  # (fuzz-found)
     ('  - when: "flag and t == 2 and B < 20"', '  - when: "flag and per == 2"', "retile[0].when", "unknown names"),
     ("    use: {t: 1}\n", "", "retile[0]", "keys when and use"),
 ])
