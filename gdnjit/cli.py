@@ -492,7 +492,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gdnjit", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("warm", help="precompile the variants the dispatcher can select for a shapes file")
+    p = sub.add_parser("warm", help="precompile the variants the dispatcher can select for a shapes file",
+                       description="Precompile the variants the dispatcher can select for the shapes files. A warm "
+                       "with no failure records its plan in <cache dir>/plans/; a later warm with the same inputs "
+                       "(gdnjit's files, NVRTC, shapes, archs, SM counts, tuned tables, batch-invariant mode) whose "
+                       "recorded variants are all cached reports them without planning.")
     p.add_argument("--shapes", action="append", required=True, help="shipped name (qwen35.yaml) or path; repeatable")
     p.add_argument("--arch", type=_arch, action="append",
                    help="target arch, repeatable (default: the local GPU's); one of the supported targets "

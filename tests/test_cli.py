@@ -909,6 +909,7 @@ def test_warm_help_documents_strict(capsys):
     assert ei.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "--strict exit with status 1 if any variant spills registers" in text
+    assert "records its plan in <cache dir>/plans/" in text
 
 
 @pytest.mark.parametrize("argv, needles", [
