@@ -22,6 +22,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import guard as _guard
+from . import recovery as _recovery
 from . import validate as _v
 from .config import get_config
 from .errors import DtypeError
@@ -450,6 +451,22 @@ def pretranspose_flags(q, initial_state, output, intermediate_states_buffer, dis
     return frozen, output is None or T == 1
 
 
+def no_recovery(accepted_steps, recovery_steps, disable_output) -> None:
+    """ValueError if a state-recovery argument is set beside ``cache_replayssm`` (the caching verify writes no state
+    and its outputs are the point)."""
+    if accepted_steps is not None or (not isinstance(recovery_steps, int) or recovery_steps) or (
+            not isinstance(disable_output, int) or disable_output):
+        raise ValueError("accepted_steps, recovery_steps, disable_output: not with cache_replayssm")
+
+
+def check_discarded_output(q, v, output) -> None:
+    """A caller's ``output`` that ``disable_output`` leaves unwritten is still checked as the kernel would check it."""
+    if output is not None and isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 \
+            and v.dim() == 4:
+        _v.given_output(output, (q.shape[0], q.shape[1], v.shape[2], v.shape[3]), "[B, T, HV, V]", _OUT_DTYPES,
+                        q.device)
+
+
 def mtp_flags(output, disable_state_update) -> Tuple[bool, bool]:
     """(frozen, zero_padding) of a ``gated_delta_rule_mtp`` call without the ReplaySSM cache: None = frozen
     (FlashInfer 0.7.2), a caller's padding rows kept."""
@@ -576,6 +593,9 @@ def gated_delta_rule_mtp(
     replayssm_rawk: Optional[torch.Tensor] = None,
     replayssm_g: Optional[torch.Tensor] = None,
     replayssm_beta: Optional[torch.Tensor] = None,
+    accepted_steps: Optional[torch.Tensor] = None,
+    recovery_steps: int = 0,
+    disable_output: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Multi-token GDN step (T = 1..16, speculative verify) over a K-last state pool.
 
@@ -600,6 +620,14 @@ def gated_delta_rule_mtp(
             (contiguous caches). FlashInfer's contract: ``disable_state_update`` true, no
             ``intermediate_states_buffer`` or ``ssm_state_indices``, every tensor's base address 16-byte aligned
             (ValueError otherwise); ``output_state_indices`` is checked and unused (nothing is written).
+        accepted_steps, recovery_steps, disable_output: the state-recovery arguments of FlashInfer 0.7.2's bf16-state
+            module (any state dtype here; :mod:`gdnjit.recovery`). ``accepted_steps [B]`` int32/int64 in 0..T-1: with
+            the pool updated, the state after token ``accepted_steps[n]`` is the request's only pool write (to its
+            write slot; with ``ssm_state_indices``, the slots of tokens 0..``accepted_steps[n]`` only).
+            ``recovery_steps`` R in 0..T: the state after token R - 1 is every request's only pool write (R > 0 needs
+            the state updated, no buffer, no ``ssm_state_indices``). ``disable_output`` (bool or int): the caller's
+            ``output`` is not written (the kernel writes a scratch tensor, which is returned when ``output`` is None).
+            Outputs are those of the same state chain for every token. Not with ``cache_replayssm``.
 
     Returns:
         ``(output [B, T, HV, V], initial_state)``.
@@ -608,13 +636,20 @@ def gated_delta_rule_mtp(
     if caches is not None:
         from .gdn_engine import engine_step
 
+        no_recovery(accepted_steps, recovery_steps, disable_output)
         return replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale,
                              output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
                              use_qk_l2norm, output_state_indices, caches)
     frozen, zero_padding = mtp_flags(output, disable_state_update)
-    out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
-               scale, output, intermediate_states_buffer, ssm_state_indices, not frozen, use_qk_l2norm,
-               direct=False, zero_padding=zero_padding)
+    rec = _recovery.plan(q, initial_state_indices, output_state_indices, ssm_state_indices, intermediate_states_buffer,
+                         frozen, accepted_steps, recovery_steps, disable_output)
+    if rec.scratch_output:
+        check_discarded_output(q, v, output)
+    out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, rec.write_idx,
+               scale, None if rec.scratch_output else output, intermediate_states_buffer, rec.ssm, not frozen,
+               use_qk_l2norm, direct=False, zero_padding=zero_padding or rec.scratch_output)
+    if rec.scratch_output and output is not None:
+        out = output
     return out, initial_state
 
 

@@ -85,6 +85,7 @@ from . import conv as _conv
 from . import gdn as _gdn
 from . import gdn_engine as _engine
 from . import nvfp4 as _nvfp4
+from . import recovery as _recovery
 from . import replay as _replay
 from . import spec_step as _spec
 from .reference.engine import engine_reference
@@ -304,21 +305,27 @@ def gated_delta_rule_mtp(
     output_state_indices: Optional[torch.Tensor] = None, cache_replayssm: bool = False,
     replayssm_rawv: Optional[torch.Tensor] = None, replayssm_rawk: Optional[torch.Tensor] = None,
     replayssm_g: Optional[torch.Tensor] = None, replayssm_beta: Optional[torch.Tensor] = None,
+    accepted_steps: Optional[torch.Tensor] = None, recovery_steps: int = 0, disable_output: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_mtp` through ``torch.ops.gdnjit``; returns ``(output, initial_state)``. With
     ``cache_replayssm=True`` (FlashInfer's ReplaySSM verify) the call runs as ``torch.ops.gdnjit.engine_step``, which
-    writes the four caches."""
+    writes the four caches; the state-recovery arguments become the op's per-token write map (:mod:`gdnjit.recovery`)."""
     caches = _gdn.replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
     if caches is not None:
+        _gdn.no_recovery(accepted_steps, recovery_steps, disable_output)
         return _gdn.replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b,
                                   scale, output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
                                   use_qk_l2norm, output_state_indices, caches)
     frozen, zero_padding = _gdn.mtp_flags(output, disable_state_update)
-    out = _output(q, v, output)
+    rec = _recovery.plan(q, initial_state_indices, output_state_indices, ssm_state_indices, intermediate_states_buffer,
+                         frozen, accepted_steps, recovery_steps, disable_output)
+    if rec.scratch_output:
+        _gdn.check_discarded_output(q, v, output)
+    out = _output(q, v, None if rec.scratch_output else output)
     torch.ops.gdnjit.gated_delta_rule_mtp(
         q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, out,
-        intermediate_states_buffer, ssm_state_indices, frozen, use_qk_l2norm, output_state_indices, zero_padding)
-    return out, initial_state
+        intermediate_states_buffer, rec.ssm, frozen, use_qk_l2norm, rec.write_idx, zero_padding or rec.scratch_output)
+    return (output if rec.scratch_output and output is not None else out), initial_state
 
 
 # ---- NVFP4 ----------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
     PYTHONPATH=$PWD python3 tools/bench_gdn_modes.py [--b 32 64 128 512] [--t 1 2 4 8] [--hv 64 32] --out DIR
 
 Modes: ``fp32`` / ``bf16`` (K-last state updated in place over a pool, T tokens), ``kmajor`` (fp32
-K-major direct state), ``verify`` / ``verify_bf16`` (intermediate states cached, pool not updated).
+K-major direct state), ``verify`` / ``verify_bf16`` (intermediate states cached, pool not updated),
+``recovery`` / ``recovery_bf16`` (FlashInfer's fused state recovery: ``accepted_steps`` uniform in 0..T-1, the state
+after each request's step the only pool write: the same floor as ``fp32`` / ``bf16``, whose times it compares with).
 Floor bytes = state read + state write (unless verify) + intermediate writes + q/k/v/o/a/b, over the
 copy bandwidth measured in the same run. CUDA-graph replay medians, rotating input sets so the
 working set is >= 3x L2 (tools/bench_common, gdnjit.tune's input builder). The dispatcher's choice
@@ -36,6 +38,8 @@ MODES = {
     "klast_direct": dict(layout="klast", state_dtype="fp32", update=True, inter_dtype="none"),
     "verify": dict(layout="klast", state_dtype="fp32", update=False, inter_dtype="fp32"),
     "verify_bf16": dict(layout="klast", state_dtype="bf16", update=False, inter_dtype="bf16"),
+    "recovery": dict(layout="klast", state_dtype="fp32", update=True, inter_dtype="none", recovery=True),
+    "recovery_bf16": dict(layout="klast", state_dtype="bf16", update=True, inter_dtype="none", recovery=True),
 }
 
 
@@ -55,9 +59,10 @@ def floor_bytes(p: dict, B: int, H: int, HV: int) -> int:
     return state * (2 if p["update"] else 1) + inter + io
 
 
-def call_op(p: dict, tensors) -> None:
+def call_op(p: dict, tensors, accepted_steps=None) -> None:
     """One public-API call of mode params ``p`` on an input set built by gdnjit.tune's builder (the gdn op's
-    example_call: q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out)."""
+    example_call: q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out); ``accepted_steps``: the
+    recovery modes' per-request steps."""
     q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out = tensors
     if p["layout"] == "kmajor":
         gdnjit.gated_delta_rule_decode(q, k, v, pool, A_log, a, dt_bias, b, output=out)
@@ -65,7 +70,8 @@ def call_op(p: dict, tensors) -> None:
         gdnjit.gated_delta_rule_decode_pretranspose(q, k, v, pool, A_log, a, dt_bias, b, output=out)
     else:
         gdnjit.gated_delta_rule_mtp(q, k, v, pool, read, A_log, a, dt_bias, b, output=out,
-                                    intermediate_states_buffer=inter, disable_state_update=not p["update"])
+                                    intermediate_states_buffer=inter, disable_state_update=not p["update"],
+                                    accepted_steps=accepted_steps)
 
 
 def main() -> int:
@@ -99,10 +105,14 @@ def main() -> int:
             for T in args.t:
                 if mode in ("kmajor", "klast_direct") and T > 1:
                     continue
-                if mode.startswith("verify") and T == 1:
+                if mode.startswith(("verify", "recovery")) and T == 1:
                     continue
                 for B in args.b:
                     p = params_for(mode, T)
+                    acc = None
+                    if MODES[mode].get("recovery"):
+                        gen = torch.Generator(dev).manual_seed(B * T)
+                        acc = torch.randint(0, T, (B,), dtype=torch.int32, device=dev, generator=gen)
                     times = []
                     for placement in range(args.placements):
                         # a spacer of another size each time: the sets land on other memory
@@ -110,7 +120,7 @@ def main() -> int:
                         sets = _input_sets(get_spec("gdn"), p, dict(B=B, H=args.h, HV=HV), dev,
                                            lambda nbytes: max(2, min(64, -(-3 * l2 // max(nbytes, 1)), (20 << 30) // nbytes)))
 
-                        times.append(time_graph_us(lambda i, sets=sets, p=p: call_op(p, sets[i][2]), len(sets),
+                        times.append(time_graph_us(lambda i, sets=sets, p=p: call_op(p, sets[i][2], acc), len(sets),
                                                    calls=10, replays=20))
                         del sets, spacer
                         torch.cuda.empty_cache()

@@ -11,10 +11,10 @@ function here checks FlashInfer's documented contract for it, then calls gdnjit:
   (allocated zeroed when not given);
 * ``disable_state_update`` defaults to False here (not None as in the public mtp).
 
-Known differences, left to show in the tests: a negative read index is a padding row in
-gdnjit (nothing read or written), whereas FlashInfer's bf16 kernels redirect it to pool
-slot 0 and write that slot. FlashInfer-only features (``accepted_steps``,
-``recovery_steps``, ``disable_output``) raise NotImplementedError.
+The state-recovery arguments (``accepted_steps``, ``recovery_steps``, ``disable_output``) go to
+gdnjit's own (``gdnjit.recovery``). Known difference, left to show in the tests: a negative read
+index is a padding row in gdnjit (nothing read or written), whereas FlashInfer's bf16 kernels
+redirect it to pool slot 0 and write that slot.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ def _not_in_gdnjit(feature: str):
 
 def _run(*, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, initial_state_source,
          initial_state_indices, output_state_indices=None, intermediate_states_buffer=None, ssm_state_indices=None,
-         disable_state_update=False, use_qk_l2norm_in_kernel=True, scale=None, output=None) -> torch.Tensor:
+         disable_state_update=False, use_qk_l2norm_in_kernel=True, scale=None, output=None, accepted_steps=None,
+         recovery_steps=0, disable_output=False) -> torch.Tensor:
     assert q is not None and k is not None and v is not None
     assert b is not None and initial_state_source is not None
     if softplus_beta != 1.0 or softplus_threshold != 20.0:
@@ -50,17 +51,9 @@ def _run(*, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, v, b, in
     out, _ = _gdnjit_mtp(q, k, v, initial_state_source, initial_state_indices, A_log, a, dt_bias, b, scale=scale,
                          output=output, intermediate_states_buffer=intermediate_states_buffer,
                          ssm_state_indices=ssm_state_indices, disable_state_update=bool(disable_state_update),
-                         use_qk_l2norm=use_qk_l2norm_in_kernel, output_state_indices=output_state_indices)
+                         use_qk_l2norm=use_qk_l2norm_in_kernel, output_state_indices=output_state_indices,
+                         accepted_steps=accepted_steps, recovery_steps=recovery_steps, disable_output=disable_output)
     return out
-
-
-def _refuse_extras(accepted_steps, disable_output, recovery_steps) -> None:
-    if accepted_steps is not None:
-        raise _not_in_gdnjit("accepted_steps (per-request accepted token counts)")
-    if disable_output:
-        raise _not_in_gdnjit("disable_output=True (state-only recovery mode)")
-    if recovery_steps:
-        raise _not_in_gdnjit(f"recovery_steps={recovery_steps} (fused state recovery)")
 
 
 def gated_delta_rule(
@@ -112,14 +105,14 @@ def gated_delta_rule_mtp(
     disable_output: bool = False,
     recovery_steps: int = 0,
 ) -> torch.Tensor:
-    """T >= 1 over a bf16 pool -> gdnjit's ``gated_delta_rule_mtp`` (buffer, FLA scatter, split pool)."""
-    _refuse_extras(accepted_steps, disable_output, recovery_steps)
+    """T >= 1 over a bf16 pool -> gdnjit's ``gated_delta_rule_mtp`` (buffer, FLA scatter, split pool, recovery)."""
     return _run(A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
                 q=q, k=k, v=v, b=b, initial_state_source=initial_state_source,
                 initial_state_indices=initial_state_indices, output_state_indices=output_state_indices,
                 intermediate_states_buffer=intermediate_states_buffer, ssm_state_indices=ssm_state_indices,
                 disable_state_update=disable_state_update, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel,
-                scale=scale, output=output)
+                scale=scale, output=output, accepted_steps=accepted_steps, recovery_steps=recovery_steps,
+                disable_output=disable_output)
 
 
 def gated_delta_rule_mtp_wide_vec(
@@ -153,11 +146,11 @@ def gated_delta_rule_mtp_wide_vec(
     replaces the final pool writeback (the final state is ``buffer[:, T-1]``).
     """
     assert tile_v in (32, 64, 128), f"tile_v must be 32/64/128, got {tile_v}"
-    _refuse_extras(accepted_steps, disable_output, recovery_steps)
     frozen = bool(disable_state_update) or intermediate_states_buffer is not None
     return _run(A_log=A_log, a=a, dt_bias=dt_bias, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
                 q=q, k=k, v=v, b=b, initial_state_source=initial_state_source,
                 initial_state_indices=initial_state_indices, output_state_indices=output_state_indices,
                 intermediate_states_buffer=intermediate_states_buffer, ssm_state_indices=ssm_state_indices,
                 disable_state_update=frozen, use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, scale=scale,
-                output=output)
+                output=output, accepted_steps=accepted_steps, recovery_steps=recovery_steps,
+                disable_output=disable_output)
