@@ -39,7 +39,7 @@ _SOFTPLUS_THRESHOLD = 20.0
 # The engine-convention params of the gdn spec (gdnjit/gdn_engine.py sets them) at their native values.
 NATIVE_CONVENTIONS = dict(varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
                           null_slot="negative", padding="skip", gates="raw", replay_cache=False, replay=False,
-                          track=False, fused_step="none")
+                          track=False, fused_step="none", write_once=False)
 
 
 def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, like: Optional[torch.Tensor] = None):
@@ -74,7 +74,7 @@ def uses_pdl(device_index: int) -> bool:
 
 
 def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-         update: bool, l2norm: bool, direct: bool, zero_padding: bool = True) -> torch.Tensor:
+         update: bool, l2norm: bool, direct: bool, zero_padding: bool = True, write_once: bool = False) -> torch.Tensor:
     """Validate, then launch one kernel. ``pool`` is the direct state when ``direct``.
 
     Hot path: every check depends only on tensor metadata (shape, strides, dtype, device, pointer
@@ -95,7 +95,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
         gkey = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
                 (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15, read_idx is None, write_idx is None, output is None,
-                inter is None, ssm is None, zero_padding)
+                inter is None, ssm is None, zero_padding, write_once)
         hit = None
         guards = _guarded.get(gkey)
         if guards is not None:
@@ -109,7 +109,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
     if hit is None and gkey is not None:
         try:
             hit, sig = _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale,
-                                      output, inter, ssm, update, l2norm, direct, gkey[7], zero_padding)
+                                      output, inter, ssm, update, l2norm, direct, gkey[7], zero_padding, write_once)
         except (AttributeError, TypeError, RuntimeError):
             hit = sig = None
         # a signature hit adds a guard only while the key has room, so calls cycling through more
@@ -125,7 +125,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
             ptrs = ptrs[:_OUT] + (output.data_ptr(),) + ptrs[_OUT + 1:]
     else:
         output, call = _prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output,
-                                inter, ssm, update, l2norm, direct, zero_padding=zero_padding)
+                                inter, ssm, update, l2norm, direct, zero_padding=zero_padding, write_once=write_once)
         if call is None:
             return output
         dev = call.device
@@ -170,9 +170,9 @@ def _remember_guard(gkey, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
 
 
 def _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-                   update, l2norm, direct, align, zero_padding):
+                   update, l2norm, direct, align, zero_padding, write_once):
     """(memoised launch or None, signature): the metadata signature read in Python and its _fast entry."""
-    sig = (layout, direct, update, l2norm, type(l2norm), scale, type(scale), align, zero_padding,
+    sig = (layout, direct, update, l2norm, type(l2norm), scale, type(scale), align, zero_padding, write_once,
            q.shape, q.stride(), q.dtype, q.get_device(), k.shape, k.stride(), k.dtype, k.get_device(),
            v.shape, v.stride(), v.dtype, v.get_device(), a.shape, a.stride(), a.dtype, a.get_device(),
            b.shape, b.stride(), b.dtype, b.get_device(), pool.shape, pool.stride(), pool.dtype, pool.get_device(),
@@ -185,12 +185,14 @@ def _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_
 
 
 def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-             update: bool, l2norm: bool, direct: bool, require_cuda: bool = True, zero_padding: bool = True):
+             update: bool, l2norm: bool, direct: bool, require_cuda: bool = True, zero_padding: bool = True,
+             write_once: bool = False):
     """All argument checks; returns (output, the named :class:`~gdnjit.runner.KernelCall`, or None if B == 0).
 
     ``require_cuda=False`` lets CPU tests exercise every other check with CPU tensors (the call is then
     built for device 0 without PDL). ``zero_padding``: padding rows (negative read index) get zero outputs;
     False leaves those rows of ``output`` as they were (FlashInfer's multi-token convention for a caller's buffer).
+    ``write_once``: ``ssm`` is a state-recovery write map (at most one live entry per row; :mod:`gdnjit.recovery`).
     """
     # --- inputs ---------------------------------------------------------------------------
     (_v.cuda_tensor if require_cuda else _v.tensor)("q", q, 4)
@@ -318,7 +320,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
                   out_dtype=_v.FLOAT_NAMES[output.dtype], state_dtype=_v.FLOAT_NAMES[pool.dtype],
                   dtb_dtype=_v.FLOAT_NAMES[dt_bias.dtype], pool=not direct, idx_dtype=idx_dtype, same_pool=same_pool,
                   inter_dtype=inter_dtype, ssm_idx_dtype=ssm_dtype, update=update, l2norm=l2norm,
-                  slot_strided=slot_strided, **NATIVE_CONVENTIONS)
+                  slot_strided=slot_strided, **dict(NATIVE_CONVENTIONS, write_once=write_once and ssm is not None))
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
     (q_sn, q_st, q_sh), (k_sn, k_st, k_sh), (v_sn, v_st, v_sh) = q.stride()[:3], k.stride()[:3], v.stride()[:3]
     (a_sn, a_st, a_sh), (b_sn, b_st, b_sh), (o_sn, o_st, o_sh) = a.stride(), b.stride(), output.stride()[:3]
@@ -647,7 +649,7 @@ def gated_delta_rule_mtp(
         check_discarded_output(q, v, output)
     out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, rec.write_idx,
                scale, None if rec.scratch_output else output, intermediate_states_buffer, rec.ssm, not frozen,
-               use_qk_l2norm, direct=False, zero_padding=zero_padding or rec.scratch_output)
+               use_qk_l2norm, direct=False, zero_padding=zero_padding or rec.scratch_output, write_once=rec.write_once)
     if rec.scratch_output and output is not None:
         out = output
     return out, initial_state

@@ -316,7 +316,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
                   varlen=varlen, bounded=varlen and bounded, accepted=accepted, tree=parent is not None,
                   inter_indexed=inter_idx is not None,
                   null_slot=null_slot, padding=padding, gates=gates, replay_cache=replay_cache is not None, replay=False,
-                  track=False, fused_step="none")
+                  track=False, fused_step="none", write_once=False)
     dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
 
     def strides(x):

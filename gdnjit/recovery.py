@@ -36,6 +36,7 @@ class Recovery(NamedTuple):
     ssm: Optional[torch.Tensor]  # the per-token write map (or the caller's ssm_state_indices)
     write_idx: Optional[torch.Tensor]  # output_state_indices for the kernel (None once folded into the map)
     scratch_output: bool  # disable_output: the kernel writes a scratch tensor, not the caller's output
+    write_once: bool = False  # ssm is a map built here (at most one write per request): dispatched as a plain update
 
 
 def plan(q, initial_state_indices, output_state_indices, ssm_state_indices, intermediate_states_buffer, frozen: bool,
@@ -65,7 +66,7 @@ def plan(q, initial_state_indices, output_state_indices, ssm_state_indices, inte
         _v.index_tensor("initial_state_indices", initial_state_indices, B, q.device)
         steps = torch.arange(T, device=q.device)
         return Recovery(_one_column(steps == recovery_steps - 1, initial_state_indices, output_state_indices), None,
-                        scratch)
+                        scratch, True)
     _v.index_tensor("accepted_steps", accepted_steps, B, q.device, contiguous=False)
     if intermediate_states_buffer is not None:
         raise NotImplementedError("accepted_steps: with intermediate_states_buffer is not provided by gdnjit "
@@ -83,7 +84,8 @@ def plan(q, initial_state_indices, output_state_indices, ssm_state_indices, inte
             return Recovery(ssm_state_indices, output_state_indices, scratch)  # the kernel's checks report it
         return Recovery(torch.where(steps.unsqueeze(0) <= acc, ssm_state_indices, -1), output_state_indices, scratch)
     _v.index_tensor("initial_state_indices", initial_state_indices, B, q.device)
-    return Recovery(_one_column(steps.unsqueeze(0) == acc, initial_state_indices, output_state_indices), None, scratch)
+    return Recovery(_one_column(steps.unsqueeze(0) == acc, initial_state_indices, output_state_indices), None, scratch,
+                    True)
 
 
 def _one_column(at: torch.Tensor, read_idx: torch.Tensor, write_idx: Optional[torch.Tensor]) -> torch.Tensor:

@@ -177,7 +177,7 @@ def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, stat
                   inter_dtype="none", ssm_idx_dtype="none", update=True, l2norm=use_qk_l2norm, slot_strided=False,
                   varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
                   null_slot="negative", padding="skip", gates="given",
-                  replay_cache=False, replay=True, track=track_steps is not None, fused_step="none")
+                  replay_cache=False, replay=True, track=track_steps is not None, fused_step="none", write_once=False)
     p = lambda x: 0 if x is None else x.data_ptr()  # noqa: E731
     args = dict(
         q=rawk_cache.data_ptr(), k=rawk_cache.data_ptr(), v=rawv_cache.data_ptr(), A_log=0, a=g_cache.data_ptr(),

@@ -317,7 +317,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
                   bounded=False, accepted=False, tree=False, inter_indexed=False,
                   null_slot="negative", padding="skip",  # the null block: min_slot, an argument
                   gates="given" if flush else "raw",  # a flush has no gate inputs (its g / beta are the cached ones)
-                  replay_cache=False, replay=False, track=False, fused_step="flush" if flush else "step")
+                  replay_cache=False, replay=False, track=False, fused_step="flush" if flush else "step", write_once=False)
     args = dict(
         q=_ptr(q), k=_ptr(k), v=_ptr(v), A_log=_ptr(A_log), a=_ptr(a), dt_bias=_ptr(dt_bias), b=_ptr(b),
         state=state.data_ptr(), read_idx=state_indices.data_ptr(), write_idx=0, out=_ptr(output), inter=0, ssm_idx=0,

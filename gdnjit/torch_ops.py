@@ -31,7 +31,8 @@ Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
     gated_delta_rule_mtp(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state,
         Tensor initial_state_indices, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, float? scale,
         Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, Tensor? ssm_state_indices,
-        bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices, bool zero_padding) -> ()
+        bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices, bool zero_padding,
+        bool write_once=False) -> ()
     nvfp4_quantize(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout,
         bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend, bool fast_math, bool per_token,
         str four_over_six, int e4m3_max, Tensor? row_map, Tensor? out_scale, float out_scale_value)
@@ -130,7 +131,7 @@ SCHEMAS = (
     "(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state, Tensor initial_state_indices, Tensor A_log, "
     "Tensor a, Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, "
     "Tensor? ssm_state_indices, bool disable_state_update, bool use_qk_l2norm, "
-    "Tensor? output_state_indices, bool zero_padding) -> ()",
+    "Tensor? output_state_indices, bool zero_padding, bool write_once=False) -> ()",
     "(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, bool do_shuffle, int sf_vec_size, "
     "bool? enable_pdl, str backend, bool fast_math, bool per_token, str four_over_six, int e4m3_max, Tensor? row_map, "
     "Tensor? out_scale, float out_scale_value) -> (Tensor, Tensor, Tensor)",
@@ -234,12 +235,12 @@ def _mtp_op(
     b: torch.Tensor, scale: Optional[float], output: torch.Tensor,
     intermediate_states_buffer: Optional[torch.Tensor], ssm_state_indices: Optional[torch.Tensor],
     disable_state_update: bool, use_qk_l2norm: bool, output_state_indices: Optional[torch.Tensor],
-    zero_padding: bool,
+    zero_padding: bool, write_once: bool = False,
 ) -> None:
     if q.device.type != "cpu":
         _gdn._run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
                   scale, output, intermediate_states_buffer, ssm_state_indices, not disable_state_update,
-                  use_qk_l2norm, direct=False, zero_padding=zero_padding)
+                  use_qk_l2norm, direct=False, zero_padding=zero_padding, write_once=write_once)
         return
     _reference_gdn("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices,
                    output_state_indices, scale, output, intermediate_states_buffer, ssm_state_indices,
@@ -249,7 +250,7 @@ def _mtp_op(
 @_mtp_op.register_fake
 def _(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
       intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
-      output_state_indices, zero_padding) -> None:
+      output_state_indices, zero_padding, write_once=False) -> None:
     return None
 
 
@@ -324,7 +325,8 @@ def gated_delta_rule_mtp(
     out = _output(q, v, None if rec.scratch_output else output)
     torch.ops.gdnjit.gated_delta_rule_mtp(
         q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, out,
-        intermediate_states_buffer, rec.ssm, frozen, use_qk_l2norm, rec.write_idx, zero_padding or rec.scratch_output)
+        intermediate_states_buffer, rec.ssm, frozen, use_qk_l2norm, rec.write_idx, zero_padding or rec.scratch_output,
+        rec.write_once)
     return (output if rec.scratch_output and output is not None else out), initial_state
 
 

@@ -368,7 +368,7 @@ def test_render_bad_input(cache_dir):
                            "out_dtype, state_dtype, dtb_dtype, pool, idx_dtype, same_pool, inter_dtype, "
                            "ssm_idx_dtype, update, l2norm, slot_strided, varlen, bounded, accepted, tree, "
                            "inter_indexed, null_slot, "
-                           "padding, gates, replay_cache, replay, track, fused_step), got unknown ['bogus']")
+                           "padding, gates, replay_cache, replay, track, fused_step, write_once), got unknown ['bogus']")
     rc, out, err = run_cli(["render", "gdn", "-p", "layout"])
     assert rc == 2 and err.strip() == "gdnjit render: --param: expected NAME=VALUE, got 'layout'"
     rc, _, err = run_cli(["render", "gdn", "-p", "K=96"])

@@ -153,3 +153,21 @@ def test_not_with_the_replay_cache():
                                  x["A_log"], x["a"], x["dt_bias"], x["b"], disable_state_update=True,
                                  cache_replayssm=True, replayssm_rawv=torch.zeros(1), replayssm_rawk=torch.zeros(1),
                                  replayssm_g=torch.zeros(1), replayssm_beta=torch.zeros(1), disable_output=True)
+
+
+@pytest.mark.parametrize("state_dtype,T,as_update", [("bf16", 2, True), ("bf16", 8, True), ("fp32", 3, True),
+                                                     ("fp32", 16, True), ("fp32", 2, False)])
+def test_a_recovery_map_dispatches_as_the_plain_update(state_dtype, T, as_update):
+    """A recovery call's map writes one state per request: the rules see the plain update of its shape (the verify
+    with T stored states only for an fp32 state at T = 2, where its variant measured faster: docs/perf.md v53)."""
+    from gdnjit.gdn import NATIVE_CONVENTIONS
+    from gdnjit.spec import get_spec
+
+    spec = get_spec("gdn")
+    base = dict(layout="klast", K=128, V=128, T=T, in_dtype="bf16", out_dtype="bf16", state_dtype=state_dtype,
+                dtb_dtype="fp32", pool=True, idx_dtype="int32", same_pool=True, inter_dtype="none", update=True,
+                l2norm=True, slot_strided=False, **NATIVE_CONVENTIONS)
+    once = spec.dispatch_view(dict(base, ssm_idx_dtype="int32", write_once=True))
+    plain = spec.dispatch_view(dict(base, ssm_idx_dtype="none"))
+    scatter = spec.dispatch_view(dict(base, ssm_idx_dtype="int32"))
+    assert (once == plain) is as_update and (once == scatter) is not as_update
