@@ -11,8 +11,9 @@ torch ops on the device (no host read: graph capturable):
   else its read slot), every other entry -1: h_{K_n} is the only pool write (FlashInfer's state recovery with
   ``disable_output``, and its fused recovery + decode whose outputs from token K_n on come from the same state chain);
 - ``accepted_steps`` with ``ssm_state_indices``: the caller's map with the columns after ``K_n - 1`` set to -1;
-- ``recovery_steps = R > 0``: ``map[n, R - 1]`` = the write slot for every request;
-- ``accepted_steps`` with ``disable_state_update``: no map (nothing is written either way);
+- ``recovery_steps = R > 0``: ``map[n, R - 1]`` = the write slot for every request (R = T: the plain update);
+- ``accepted_steps`` with ``disable_state_update``: no map (nothing is written either way); at T = 1 (the only step
+  is 0) the plain update;
 - ``disable_output``: the kernel writes its outputs to a scratch tensor; the caller's ``output`` is left as it was.
 
 Where FlashInfer leaves an output undefined (its state-only tokens, or tokens after ``K_n`` in its per-request
@@ -64,6 +65,8 @@ def plan(q, initial_state_indices, output_state_indices, ssm_state_indices, inte
             if x is not None:
                 raise ValueError(f"recovery_steps: not with {name} (FlashInfer's fused recovery writes one state)")
         _v.index_tensor("initial_state_indices", initial_state_indices, B, q.device)
+        if recovery_steps == T:  # the state after the last token: the plain update's writeback
+            return Recovery(None, output_state_indices, scratch)
         steps = torch.arange(T, device=q.device)
         return Recovery(_one_column(steps == recovery_steps - 1, initial_state_indices, output_state_indices), None,
                         scratch, True)
@@ -76,6 +79,8 @@ def plan(q, initial_state_indices, output_state_indices, ssm_state_indices, inte
         if lo < 0 or hi >= T:
             raise IndexError(f"accepted_steps: expected values in 0..T-1={T - 1}, got {lo if lo < 0 else hi}")
     if frozen:
+        return Recovery(None, output_state_indices, scratch)
+    if T == 1 and ssm_state_indices is None:  # the only step is 0: the plain update (other values are out of range)
         return Recovery(None, output_state_indices, scratch)
     steps = torch.arange(T, device=q.device)
     acc = accepted_steps.to(steps.dtype).unsqueeze(1)

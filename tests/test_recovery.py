@@ -42,8 +42,13 @@ def test_recovery_steps_and_the_frozen_pool():
     read = torch.tensor([4, 5, 6, 7, 8], dtype=torch.int32)
     r = recovery.plan(_q(), read, None, None, None, False, None, 2, False)
     assert r.ssm.tolist() == [[-1, s, -1, -1] for s in (4, 5, 6, 7, 8)]
-    r = recovery.plan(_q(), read, None, None, None, False, None, T, False)
-    assert r.ssm[:, -1].tolist() == [4, 5, 6, 7, 8]
+    r = recovery.plan(_q(), read, None, None, None, False, None, T, False)  # after the last token: the plain update
+    assert r.ssm is None and r.write_idx is None and not r.write_once
+    write = read + 10
+    r = recovery.plan(_q(), read, write, None, None, False, None, T, False)
+    assert r.ssm is None and r.write_idx is write
+    r = recovery.plan(_q(t=1), read, write, None, None, False, torch.zeros(B, dtype=torch.int32), 0, False)
+    assert r.ssm is None and r.write_idx is write  # T = 1: the only step is 0, the plain update
     acc = torch.zeros(B, dtype=torch.int32)
     r = recovery.plan(_q(), read, None, None, None, True, acc, 0, False)  # nothing is written either way
     assert r.ssm is None and r.write_idx is None

@@ -50,7 +50,9 @@ CASES = [
     for sdt in ("bf16", "fp32")
     for B, T, HV, R, split, pad in ((2, 4, 64, 1, False, False), (8, 8, 64, 7, True, True), (3, 5, 8, 5, False, True),
                                     (32, 4, 64, 2, False, False))
-] + [RCase("accepted", "bf16", 8, 4, HV=64, torch_op=True), RCase("state_only", "fp32", 6, 6, torch_op=True)]
+] + [RCase("accepted", "bf16", 8, 4, HV=64, torch_op=True), RCase("state_only", "fp32", 6, 6, torch_op=True),
+      RCase("accepted", "bf16", 4, 1, padding=True), RCase("state_only", "fp32", 3, 1, split=True),
+      RCase("scatter", "bf16", 5, 1)]
 
 
 def _inputs(c: RCase, seed: int) -> dict:
