@@ -40,10 +40,18 @@ class Recovery(NamedTuple):
     write_once: bool = False  # ssm is a map built here (at most one write per request): dispatched as a plain update
 
 
+_PLAIN = Recovery(None, None, False)
+
+
 def plan(q, initial_state_indices, output_state_indices, ssm_state_indices, intermediate_states_buffer, frozen: bool,
          accepted_steps, recovery_steps, disable_output) -> Recovery:
     """The kernel-side form of FlashInfer's ``accepted_steps`` / ``recovery_steps`` / ``disable_output`` (module
     docstring); one-line errors for a bad value or a combination FlashInfer refuses or gdnjit does not provide."""
+    if accepted_steps is None and disable_output is False and recovery_steps.__class__ is int and recovery_steps == 0:
+        # the defaults, every call's path: kept cheap (a shared value for the most common call)
+        if ssm_state_indices is None and output_state_indices is None:
+            return _PLAIN
+        return Recovery(ssm_state_indices, output_state_indices, False)
     scratch = _v.truthy("disable_output", disable_output)
     if isinstance(recovery_steps, bool) or not isinstance(recovery_steps, int):
         raise TypeError(f"recovery_steps: expected an int, got {type(recovery_steps).__name__}")
