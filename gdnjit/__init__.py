@@ -5,7 +5,8 @@ Public API (FlashInfer-compatible names and parameters):
 - :func:`gated_delta_rule_decode_pretranspose` — decode, K-last state, direct or pooled
 - :func:`gated_delta_rule_decode` — decode, K-major state
 - :func:`gated_delta_rule_mtp` — multi-token / speculative verify step over a state pool
-- :func:`nvfp4_quantize`, :class:`SfLayout`, :func:`dequantize_nvfp4` — NVFP4 activation quantization
+- :func:`nvfp4_quantize`, :class:`SfLayout`, :func:`dequantize_nvfp4` — NVFP4 activation quantization;
+  :func:`fp4_quantize` — FlashInfer's ``fp4_quantize`` (its layout flags) over the same kernel
 - :func:`causal_conv1d_update` — the short causal conv before GDN (vLLM's signature), over a conv-state pool
 - :func:`gated_delta_rule_replayssm_commit` — FlashInfer's ReplaySSM commit: replay accepted cached tokens into
   checkpoints (with ``gated_delta_rule_mtp(cache_replayssm=True, ...)``)
@@ -25,6 +26,7 @@ _LAZY = {
     "gated_delta_rule_decode": "gdn",
     "gated_delta_rule_mtp": "gdn",
     "nvfp4_quantize": "nvfp4",
+    "fp4_quantize": "nvfp4",
     "dequantize_nvfp4": "nvfp4",
     "SfLayout": "nvfp4",
     "causal_conv1d_update": "conv",
@@ -54,6 +56,7 @@ __all__ = [
     "gated_delta_rule_decode",
     "gated_delta_rule_mtp",
     "nvfp4_quantize",
+    "fp4_quantize",
     "dequantize_nvfp4",
     "SfLayout",
     "causal_conv1d_update",

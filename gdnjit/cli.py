@@ -1,4 +1,4 @@
-"""The ``gdnjit`` command line: warm, render, list, cache ls/clear/verify/evict/export/import, spec validate/show."""
+"""The ``gdnjit`` command line: precompile, tune, inspect and ship gdnjit's JIT-compiled CUDA kernels."""
 
 from __future__ import annotations
 
@@ -240,10 +240,25 @@ def _given(spec, items: Sequence[str] | None, flag: str, kind: str) -> dict[str,
     return given
 
 
-def _params(spec, items: Sequence[str] | None) -> dict[str, Any]:
-    """Every param of ``spec``: the ``-p`` values given (checked), the first allowed value for the rest."""
+DEFAULT_SHAPES = "qwen35.yaml"  # the shipped shapes whose first call of a spec gives the params -p leaves out
+
+
+def _default_params(spec, arch: str) -> dict[str, Any]:
+    """The values of ``spec``'s params that ``-p`` leaves out: those of the spec's first call in the shipped
+    Qwen3.5 shapes (qwen35.yaml: gdn's T = 1 decode of K = V = 128 over a pool, nvfp4_quantize's K = 4096, ...)
+    and those ``arch`` sets (the spec's ``from_arch``); a param neither gives a value ``spec`` accepts (a spec
+    qwen35.yaml does not call, a spec file that narrows a param) takes its first allowed value."""
+    from .shapes import load_shapes
+
+    first = next((p for p in load_shapes(DEFAULT_SHAPES) if p.spec == spec.name), None)
+    given = {**(dict(first.params) if first else {}), **spec.arch_params(arch)}
+    return {n: given[n] if n in given and spec.accepts(n, given[n]) else vals[0] for n, vals in spec.params}
+
+
+def _params(spec, items: Sequence[str] | None, arch: str) -> dict[str, Any]:
+    """Every param of ``spec``: the ``-p`` values given (checked), :func:`_default_params` for the rest."""
     given = _given(spec, items, "--param", "params")
-    return {n: given.get(n, vals[0]) for n, vals in spec.params}
+    return {**_default_params(spec, arch), **given}
 
 
 def _variant_from_args(args):
@@ -252,7 +267,7 @@ def _variant_from_args(args):
     from .variant import Variant
 
     spec = get_spec(args.spec)
-    params = _params(spec, args.param)
+    params = _params(spec, args.param, args.arch)
     facts = _facts(args, spec)
     tunables = _given(spec, args.tunable, "--tunable", "tunables")
     chosen, _ = dispatch.select(spec, params, facts)
@@ -270,8 +285,13 @@ def cmd_list(args) -> int:
     from .spec import get_spec, list_specs
 
     cache = _cache(get_config())  # a bad cache dir fails before any output
-    for name in list_specs():
-        spec = get_spec(name)
+    specs = [get_spec(name) for name in list_specs()]
+    width = max(len(spec.name) for spec in specs)
+    for spec in specs:
+        if not args.verbose:  # one short line: the detail is `list -v` or `spec show NAME`
+            print(f"spec {spec.name:{width}s}  template {spec.template}: {len(spec.params)} params, "
+                  f"{len(spec.tunables)} tunables, {len(spec.rules)} rules")
+            continue
         print(f"spec {spec.name} (template {spec.describe_template()}): {spec.description.strip()}")
         for n, vals in spec.params:
             print(f"  param   {n}: {list(vals)}")
@@ -279,6 +299,8 @@ def cmd_list(args) -> int:
             print(f"  tunable {n}: {list(vals)}")
         for i, r in enumerate(spec.rules):
             print(f"  rule {i}: when {r.when or '(always)'} -> {dict(r.use)}")
+    if not args.verbose:
+        print("(each spec's params, tunables and rules: gdnjit list -v, or gdnjit spec show NAME)")
     print(f"shapes files: {', '.join(shipped_shapes())}")
     entries = list(cache.list_entries())
     print(f"cached variants in {cache.dir}: {len(entries)}")
@@ -401,20 +423,29 @@ def _shipped_spec_name(target: str) -> str:
     return target
 
 
+def _spec_target(target: str):
+    """The spec a ``gdnjit spec`` target names: a spec file (loaded and checked) or a shipped spec."""
+    from .spec import get_spec, load_spec_file
+
+    return load_spec_file(_spec_file(target)) if _looks_like_file(target) else get_spec(_shipped_spec_name(target))
+
+
 def cmd_spec(args) -> int:
     from . import dispatch
-    from .spec import get_spec, load_spec_file
 
     if args.action == "validate":
         for f in args.target:
-            spec = load_spec_file(_spec_file(f)) if _looks_like_file(f) else get_spec(_shipped_spec_name(f))
+            spec = _spec_target(f)
             print(f"{f}: ok (spec {spec.name}: {len(spec.params)} params, {len(spec.tunables)} tunables, "
                   f"{len(spec.rules)} rules)")
         return 0
-    spec = get_spec(args.target[0])
+    if len(args.target) != 1:
+        raise ValueError(f"show: expected one target (a spec file or a shipped spec name), got {len(args.target)}: "
+                         f"{args.target}")
+    spec = _spec_target(args.target[0])
     explain = bool(args.param or args.B or args.fact)
     spec_facts = _facts(args, spec) if explain else None  # bad facts or params: one line before any output
-    params = _params(spec, args.param) if explain else None
+    params = _params(spec, args.param, args.arch) if explain else None
     print(f"spec {spec.name}: {spec.description.strip()}")
     print(f"template: {spec.describe_template()}   kernel: {spec.kernel_name}   file: {spec.file}")
     for n, vals in spec.params:
@@ -477,7 +508,10 @@ def _arch(text: str) -> str:
 
 
 def _variant_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-p", "--param", action="append", help="spec param NAME=VALUE (default: first allowed value)")
+    p.add_argument("-p", "--param", action="append",
+                   help="spec param NAME=VALUE (default: the value in the spec's first call of the shipped Qwen3.5 "
+                        "shapes, qwen35.yaml, e.g. K=128 V=128 for gdn, or the one --arch sets; the first allowed "
+                        "value for a spec it does not call)")
     p.add_argument("-t", "--tunable", action="append", help="tunable NAME=VALUE (default: the dispatcher's choice)")
     p.add_argument("--arch", type=_arch, default="sm_90", help="target arch (default sm_90)")
     p.add_argument("-f", "--fact", action="append", help="runtime fact NAME=VALUE the dispatcher sees (any spec's "
@@ -485,11 +519,12 @@ def _variant_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--B", type=_positive, default=None, help="shorthand for -f B=VALUE (default 1)")
     p.add_argument("--H", type=_positive, default=16, help="shorthand for -f H=VALUE (gdn)")
     p.add_argument("--HV", type=_positive, default=32, help="shorthand for -f HV=VALUE (gdn)")
-    p.add_argument("--num-sms", type=_positive, default=132)
+    p.add_argument("--num-sms", type=_positive, default=132,
+                   help="shorthand for -f num_sms=VALUE: the SM count the rules see (default 132: H100 SXM, H200)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gdnjit", description=__doc__)
+    parser = _Parser(prog="gdnjit")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("warm", help="precompile the variants the dispatcher can select for a shapes file",
@@ -528,7 +563,8 @@ def build_parser() -> argparse.ArgumentParser:
     _variant_args(p)
     p.set_defaults(fn=cmd_render)
 
-    p = sub.add_parser("list", help="show specs, their params, tunables and rules, and the cache size")
+    p = sub.add_parser("list", help="show the specs (one line each), the shapes files and the cache size")
+    p.add_argument("-v", "--verbose", action="store_true", help="each spec's description, params, tunables and rules")
     p.set_defaults(fn=cmd_list)
 
     p = sub.add_parser("cache", help="inspect or maintain the on-disk cache")
@@ -543,9 +579,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("spec", help="validate spec files or show a spec and what a problem selects")
     p.add_argument("action", choices=["validate", "show"])
-    p.add_argument("target", nargs="+", help="spec file path(s) or shipped spec name")
+    p.add_argument("target", nargs="+", help="spec file paths or shipped spec names (show: exactly one)")
     _variant_args(p)
     p.set_defaults(fn=cmd_spec)
+    # listed from the parser itself: a new command cannot be left out of `gdnjit --help` (tune once was)
+    parser.description = (f"Precompile, tune, inspect and ship gdnjit's JIT-compiled CUDA kernels. Commands: "
+                          f"{', '.join(sub.choices)} (gdnjit COMMAND --help for each).")
     return parser
 
 

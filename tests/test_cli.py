@@ -8,6 +8,8 @@ import errno
 import io
 import json
 import os
+import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -378,7 +380,7 @@ def test_render_bad_input(cache_dir):
 
 
 def test_list(cache_dir):
-    rc, out, _ = run_cli(["list"])
+    rc, out, _ = run_cli(["list", "-v"])  # the detail; the default summary: test_list_is_a_short_summary
     assert rc == 0
     assert ("spec gdn (template gdn_{form}.cu.j2 (form=recurrent: gdn_recurrent.cu.j2, form=chunk: gdn_chunk.cu.j2, "
             "form=mma: gdn_mma.cu.j2, form=tc: gdn_tc.cu.j2))") in out
@@ -929,3 +931,150 @@ def test_facts_of_any_spec():
     assert rc == 0 and "'D': 12288" in out and "CHOSEN {'vec': 2, 'threads': 128}" in out
     rc, out, _ = run_cli(["render", "nvfp4_quantize", "-p", "K=7680", "-f", "M=8192"])
     assert rc == 0 and "constexpr int K = 7680;" in out and "blocks_per_thread=2" in out
+
+
+# ---- issue 54: README's command lines run; spec show FILE; --help; -p defaults; list's summary --------------
+
+
+def _readme_command_lines() -> list[str]:
+    """The ``gdnjit ...`` lines of README.md's "Command line" block, each without its trailing comment."""
+    block = (REPO / "README.md").read_text().split("## Command line", 1)[1].split("```", 2)[1]
+    return [line.split("#", 1)[0].strip() for line in block.splitlines() if line.startswith("gdnjit ")]
+
+
+def _argvs(line: str) -> list[list[str]]:
+    """The argv (after ``gdnjit``) of a README command line without its ``[optional]`` parts, and with all of them."""
+    bare, full = re.sub(r"\s*\[[^]]*\]", "", line), re.sub(r"\[([^]]*)\]", r"\1", line)
+    return [shlex.split(text)[1:] for text in dict.fromkeys([bare, full])]
+
+
+def test_readme_command_lines_run(cache_dir, monkeypatch):
+    """Every render / list / spec show line of README's "Command line" block runs as shown (with and without its
+    [optional] parts) without a GPU: status 0, output, nothing on stderr. The spec show examples (a gdn call, an
+    NVFP4 call, a spec file) each explain the rules and choose one; a render prints CUDA source."""
+    monkeypatch.chdir(REPO)  # the spec file example's path is relative to the repository
+    lines = [line for line in _readme_command_lines()
+             if line.split()[1] in ("render", "list") or line.startswith("gdnjit spec show ")]
+    shows = [line for line in lines if line.startswith("gdnjit spec show ")]
+    assert [s.split()[3] for s in shows] == ["gdn", "nvfp4_quantize", "gdnjit/specs/gdn.yaml"], shows
+    assert sum(line.startswith("gdnjit render ") for line in lines) >= 2
+    assert sum(line.startswith("gdnjit list") for line in lines) == 1
+    for line in lines:
+        for argv in _argvs(line):
+            rc, out, err = run_cli(argv)
+            assert (rc, err) == (0, ""), (argv, err)
+            assert out, argv
+            if argv[0] == "render":
+                assert out.startswith("// gdnjit: ") and 'extern "C"' in out, argv
+            if argv[0] == "spec":
+                assert sum("CHOSEN" in row for row in out.splitlines()) == 1, argv
+    # README's old example named a fact gdn does not have (M): it is refused, as any unknown fact
+    bad_input(["spec", "show", "gdn", "--B", "1", "-p", "K=128", "-f", "M=4096"], cache_dir,
+              "--fact: expected facts of spec gdn (B, H, HV, num_sms), got unknown ['M']")
+
+
+def test_spec_show_takes_a_spec_file(cache_dir, tmp_path, monkeypatch):
+    """``spec show`` takes what ``spec validate`` takes: a spec file shows the spec it holds (the shipped gdn.yaml:
+    what ``spec show gdn`` shows), an edited copy its edits; a bad or missing file is validate's one line; more
+    than one target is one line too (the first was shown, the others ignored)."""
+    monkeypatch.chdir(REPO)
+    rc, by_name, err = run_cli(["spec", "show", "gdn", "--B", "1"])
+    assert (rc, err) == (0, "")
+    rc, by_file, err = run_cli(["spec", "show", "gdnjit/specs/gdn.yaml", "--B", "1"])
+    assert (rc, err) == (0, "")
+    assert by_file == by_name.replace("   file: gdn.yaml\n", "   file: gdnjit/specs/gdn.yaml\n", 1) != by_name
+    # an edited copy under another name: shown as it is; qwen35.yaml does not call it, so the params -p leaves out
+    # take their first allowed value (W = 2, where the shipped spec's Qwen3.5 call has W = 4)
+    text = (REPO / "gdnjit/specs/causal_conv1d_update.yaml").read_text()
+    assert text.startswith("name: causal_conv1d_update\n")
+    mine = tmp_path / "my_conv.yaml"
+    mine.write_text(text.replace("name: causal_conv1d_update\n", "name: my_conv\n", 1))
+    rc, out, err = run_cli(["spec", "show", str(mine), "-f", "D=4096", "--B", "8"])
+    assert (rc, err) == (0, "") and out.startswith("spec my_conv: ")
+    assert "'W': 2" in out and "'contig': False" in out and "CHOSEN" in out
+    rc, out, err = run_cli(["spec", "show", "causal_conv1d_update", "-f", "D=4096", "--B", "8"])
+    assert (rc, err) == (0, "") and "'W': 4" in out and "'contig': True" in out
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("template: causal_conv1d_update.cu.j2", "template: x.j2"))
+    bad_input(["spec", "show", str(bad)], cache_dir, f"gdnjit spec: {bad}:", "template")
+    line = bad_input(["spec", "show", "nofile.yaml"], cache_dir)
+    assert line == "gdnjit spec: spec file 'nofile.yaml': no such file"
+    line = bad_input(["spec", "show", "nospec"], cache_dir)
+    assert line.startswith("gdnjit spec: 'nospec': expected a spec file or a shipped spec name (")
+    line = bad_input(["spec", "show", "gdn", "nvfp4_quantize"], cache_dir)
+    assert line == ("gdnjit spec: show: expected one target (a spec file or a shipped spec name), got 2: "
+                    "['gdn', 'nvfp4_quantize']")
+    line = bad_input(["spec", "show", "gdnjit/specs/gdn.yaml", "gdn", "--B", "1"], cache_dir)
+    assert line.endswith("got 2: ['gdnjit/specs/gdn.yaml', 'gdn']")
+
+
+def _help(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as ei:
+        cli.main([*argv, "--help"])
+    assert ei.value.code == 0
+    return " ".join(capsys.readouterr().out.split())
+
+
+def test_help_lists_every_command(capsys):
+    """``gdnjit --help`` names every command: its list is the parser's own (``tune`` was once left out)."""
+    text = _help([], capsys)
+    commands = re.search(r"usage: gdnjit \[-h\] \{([a-z_,]+)\}", text).group(1).split(",")
+    assert {"warm", "tune", "render", "list", "cache", "spec"} <= set(commands)
+    assert f"Commands: {', '.join(commands)} (gdnjit COMMAND --help for each)." in text
+    for command in commands:
+        assert _help([command], capsys).startswith(f"usage: gdnjit {command} ")
+
+
+@pytest.mark.parametrize("command", [["render", "gdn"], ["spec", "show", "gdn"]], ids=["render", "spec"])
+def test_variant_options_are_documented(capsys, command):
+    """--num-sms says what it is; -p says where the params it leaves out come from."""
+    text = _help(command, capsys)
+    assert "--num-sms NUM_SMS shorthand for -f num_sms=VALUE: the SM count the rules see (default 132" in text
+    assert ("-p PARAM, --param PARAM spec param NAME=VALUE (default: the value in the spec's first call of the "
+            "shipped Qwen3.5 shapes, qwen35.yaml, e.g. K=128 V=128 for gdn") in text
+
+
+def test_params_default_to_the_shipped_qwen35_shapes(cache_dir):
+    """Params -p leaves out take the spec's first call in qwen35.yaml (gdn: K = V = 128, not the first allowed 64),
+    in render and spec show alike; a param the target arch sets follows --arch (nvfp4_quantize's hw_e2m1)."""
+    from gdnjit.shapes import params_for
+
+    first = {p.spec: p for p in reversed(load_shapes("qwen35.yaml"))}  # each spec's first problem
+    assert (params_for(first["gdn"], "sm_90")["K"], params_for(first["gdn"], "sm_90")["V"]) == (128, 128)
+    rc, out, err = run_cli(["render", "gdn"])
+    assert (rc, err) == (0, "") and "// gdn_step: layout=klast K=128 V=128 T=1 in=bf16 out=bf16" in out
+    given = [arg for n, v in first["gdn"].params for arg in ("-p", f"{n}={v}")]
+    assert run_cli(["render", "gdn", *given]) == (0, out, "")
+    rc, out, err = run_cli(["spec", "show", "gdn", "--B", "1"])
+    assert (rc, err) == (0, "") and f"\nfor {params_for(first['gdn'], 'sm_90')} with " in out
+    rc, out, err = run_cli(["render", "nvfp4_quantize", "-f", "M=8"])
+    assert (rc, err) == (0, "") and "in=bf16 sf_layout=128x4 K=4096 hw_e2m1=False" in out
+    rc, out, err = run_cli(["render", "nvfp4_quantize", "-f", "M=8", "--arch", "sm_100a"])
+    assert (rc, err) == (0, "") and "in=bf16 sf_layout=128x4 K=4096 hw_e2m1=True" in out
+    rc, out, err = run_cli(["spec", "show", "nvfp4_quantize", "-f", "M=8", "--arch", "sm_100a"])
+    assert (rc, err) == (0, "") and f"\nfor {params_for(first['nvfp4_quantize'], 'sm_100a')} with " in out
+    assert params_for(first["nvfp4_quantize"], "sm_100a")["hw_e2m1"] is True
+
+
+def test_list_is_a_short_summary(cache_dir):
+    """``list``: one line per spec (template; param, tunable and rule counts), a pointer to the detail, the shapes
+    files, the cache count; each line under 120 characters. The detail (each spec's description, params, tunables
+    and rules: over a hundred lines, some of several hundred characters) is ``list -v``."""
+    from gdnjit.spec import get_spec, list_specs
+
+    rc, out, err = run_cli(["list"])
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    specs = [get_spec(name) for name in list_specs()]
+    assert len(lines) == len(specs) + 3
+    for line, spec in zip(lines, specs):
+        assert line.startswith(f"spec {spec.name} ")
+        assert line.endswith(f"  template {spec.template}: {len(spec.params)} params, {len(spec.tunables)} "
+                             f"tunables, {len(spec.rules)} rules")
+    assert lines[-3] == "(each spec's params, tunables and rules: gdnjit list -v, or gdnjit spec show NAME)"
+    assert lines[-2].startswith("shapes files: qwen35.yaml, ")
+    assert lines[-1] == f"cached variants in {cache_dir / ENTRY_DIR}: 0"
+    assert all(len(line) < 120 for line in lines[:-1])  # (the last is as long as the cache dir's path)
+    rc, detail, err = run_cli(["list", "--verbose"])
+    assert (rc, err) == (0, "") and len(detail.splitlines()) > 3 * len(lines)
+    assert detail.splitlines()[-2:] == lines[-2:]

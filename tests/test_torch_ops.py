@@ -57,6 +57,18 @@ def test_every_public_op_is_registered():
         assert torch._C._jit_get_schemas_for_operator(f"gdnjit::{name}"), name
 
 
+def test_every_public_name_resolves():
+    """Each name of ``gdnjit.__all__`` is an attribute of the package (a lazy one loads its module), every lazy name
+    is public, and FlashInfer's top-level ``fp4_quantize`` is ``gdnjit.fp4_quantize`` (gdnjit.nvfp4's)."""
+    import gdnjit
+    import gdnjit.nvfp4
+
+    for name in gdnjit.__all__:
+        assert getattr(gdnjit, name) is not None, name
+    assert set(gdnjit._LAZY) <= set(gdnjit.__all__)
+    assert gdnjit.fp4_quantize is gdnjit.nvfp4.fp4_quantize
+
+
 @pytest.mark.parametrize("name", ops.OP_NAMES)
 def test_schema_text_and_mutated_args(name):
     schema = raw(name)._schema
