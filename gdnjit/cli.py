@@ -10,8 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from .cache import DiskCache
-from .cache.store import ArchiveError, CacheDirError
+from .cache import CacheDirError, DiskCache
 from .config import get_config
 from .errors import SpecError
 
@@ -317,14 +316,33 @@ def _human(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+# The options each cache action takes (FILE is export's and import's): any other is an error, not ignored.
+_CACHE_OPTIONS = {"ls": {"verbose"}, "clear": set(), "verify": {"repair"}, "evict": {"max_bytes"},
+                  "export": {"file", "force"}, "import": {"file", "replace"}}
+_CACHE_FLAGS = {"file": "FILE", "repair": "--repair", "max_bytes": "--max-bytes", "force": "--force",
+                "replace": "--replace", "verbose": "-v"}
+
+
+def _check_cache_args(args) -> None:
+    """ValueError naming the first argument ``args.action`` does not take (``cache clear x`` used to clear)."""
+    for name, flag in _CACHE_FLAGS.items():
+        value = getattr(args, name)
+        if value not in (None, False) and name not in _CACHE_OPTIONS[args.action]:
+            shown = f"argument {value!r}" if name == "file" else f"option {flag}"
+            takers = [a for a, names in _CACHE_OPTIONS.items() if name in names]
+            raise ValueError(f"{args.action}: unexpected {shown} (only {' and '.join(takers)} take "
+                             f"{'a FILE' if name == 'file' else flag})")
+    if args.action in ("export", "import") and not args.file:
+        raise ValueError(f"{args.action}: expected FILE, the .tar.gz archive, got none")
+
+
 def cmd_cache(args) -> int:
+    from .cache.archive import export_archive, import_archive  # here: tarfile costs the other commands' start
     from .config import parse_size
 
+    _check_cache_args(args)
     config = get_config()
     writes = args.action in ("clear", "evict", "import") or (args.action == "verify" and args.repair)
-    if args.action in ("export", "import") and not args.file:
-        print(f"gdnjit cache {args.action}: needs FILE", file=sys.stderr)
-        return 2
     # import makes the dirs it needs (after reading the archive); the others only delete in dirs that exist
     cache = _cache(config, write=writes)
     if args.action == "ls":
@@ -344,12 +362,12 @@ def cmd_cache(args) -> int:
                       f"smem={meta.get('smem_bytes')} compile={meta.get('compile_s')}s size={size} used={used}")
                 if args.verbose:
                     print(f"     {meta.get('variant')}")
-            if directory.is_dir():
-                total = sum(u.bytes for u in usage.values())
-                limit = f", limit {_human(config.cache_max_bytes)}" if mode == "rw" and config.cache_max_bytes else ""
-                # the summary goes to stderr: stdout stays one line per entry (for scripts)
-                print(f"{mode} total: {n} entries, {total} bytes ({_human(total)}) in {directory}{limit}",
-                      file=sys.stderr)
+            total = sum(u.bytes for u in usage.values())
+            limit = f", limit {_human(config.cache_max_bytes)}" if mode == "rw" and config.cache_max_bytes else ""
+            missing = "" if directory.is_dir() else " (not created yet)"
+            # the summary goes to stderr: stdout stays one line per entry (for scripts)
+            print(f"{mode} total: {n} entries, {total} bytes ({_human(total)}) in {directory}{missing}{limit}",
+                  file=sys.stderr)
         return 0
     if args.action == "evict":
         limit = parse_size("--max-bytes", args.max_bytes) if args.max_bytes is not None else config.cache_max_bytes
@@ -370,19 +388,11 @@ def cmd_cache(args) -> int:
               f"(limit {_human(limit)})")
         return 0 if res.after <= limit else 1
     if args.action == "export":
-        n = cache.export(Path(args.file))
+        n = export_archive(cache, Path(args.file), force=args.force)
         print(f"exported {n} entries from {cache.dir} to {args.file}")
         return 0
     if args.action == "import":
-        good, skipped = cache.read_archive(Path(args.file))
-        if not good:  # an error (exit 2), not a quiet success: nothing was imported
-            raise ArchiveError(f"archive {args.file!r}: expected cache entries (<name>.cubin + <name>.json "
-                               f"pairs, as `gdnjit cache export` writes them), got none that is valid "
-                               f"({skipped} invalid); nothing imported")
-        cache.check(write=True, create=True)
-        imported = cache.add_entries(good)
-        print(f"imported {imported} entries into {cache.dir} ({skipped} invalid skipped)")
-        return 1 if skipped else 0
+        return _report_import(import_archive(cache, Path(args.file), replace=args.replace), cache.dir)
     if args.action == "clear":
         from . import plan_record
 
@@ -398,6 +408,24 @@ def cmd_cache(args) -> int:
     total = sum(1 for _ in cache.list_entries())
     print(f"{total} entries checked in {cache.dir}, {len(bad)} bad")
     return 1 if bad and not args.repair else 0
+
+
+def _report_import(res, directory: Path) -> int:
+    """Print what an import did; 1 if anything needs a look (entries skipped as invalid, files that are not
+    entries, local entries kept over the archive's), else 0."""
+    c = res.contents
+    print(f"imported {len(res.added) + len(res.replaced)} entries into {directory} ({len(res.added)} new, "
+          f"{len(res.replaced)} replaced, {len(res.present)} already present, {len(res.kept)} kept, "
+          f"{len(c.invalid)} invalid skipped, {len(c.other)} other files skipped)")
+    for name in res.kept:
+        print(f"gdnjit cache import: kept the local entry {name}: its cubin differs from the archive's "
+              f"(pass --replace to take the archive's)", file=sys.stderr)
+    for name in c.invalid:
+        print(f"gdnjit cache import: skipped invalid entry {name} (incomplete, or its cubin does not match its "
+              f"sidecar or name)", file=sys.stderr)
+    for name in c.other:
+        print(f"gdnjit cache import: skipped {name!r}: not a cache entry file", file=sys.stderr)
+    return 1 if res.kept or c.invalid or c.other else 0
 
 
 def _looks_like_file(target: str) -> bool:
@@ -571,10 +599,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["ls", "clear", "verify", "evict", "export", "import"])
     p.add_argument("file", nargs="?", help="export/import: the .tar.gz archive")
     p.add_argument("--repair", action="store_true", help="verify: delete bad entries")
+    p.add_argument("--force", action="store_true", help="export: replace FILE if it is an existing regular file "
+                   "(anything else there, a link or a device, is always refused)")
+    p.add_argument("--replace", action="store_true", help="import: where a local entry's cubin differs from the "
+                   "archive's, take the archive's (default: keep the local one and say so)")
     p.add_argument("--max-bytes", default=None,
                    help="evict: the size limit (e.g. 2G; default GDNJIT_CACHE_MAX_BYTES): least recently used "
                         "entries are deleted until the cache fits")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true", help="ls: each entry's variant too")
     p.set_defaults(fn=cmd_cache)
 
     p = sub.add_parser("spec", help="validate spec files or show a spec and what a problem selects")
@@ -619,6 +651,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 128 + int(getattr(signal, "SIGPIPE", 13))
     except (SpecError, ValueError, CacheDirError) as e:  # ConfigError, ArchiveError: ValueErrors
         print(f"gdnjit {args.command}: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the machine's, not the input's (a full disk, an I/O error): one line all the same
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"gdnjit {args.command}: {where}{_one_line(e) if not e.strerror else e.strerror.lower()}",
+              file=sys.stderr)
         return 2
 
 

@@ -9,7 +9,7 @@ Environment variables:
 ``GDNJIT_READONLY_CACHE_DIRS``  extra cache dirs searched first, read-only (``os.pathsep``-separated)
 ``GDNJIT_LOCK_DIR``             directory for lock files (default ``<cache dir>/locks``; put it on
                                 node-local storage when the cache dir is on a shared file system)
-``GDNJIT_LOCK_TIMEOUT``         seconds to wait for a compile lock (default 600)
+``GDNJIT_LOCK_TIMEOUT``         seconds to wait for a compile lock (default 600; finite)
 ``GDNJIT_DISABLE_JIT``          ``1``: never compile; a cache miss raises :class:`CacheMissError`
 ``GDNJIT_ALWAYS_COMPILE``       ``1``: ignore cache hits, compile and overwrite
 ``GDNJIT_DISABLE_DISK_CACHE``   ``1``: compile in memory only, write nothing
@@ -126,9 +126,9 @@ def load_config(env: Mapping[str, str] | None = None) -> Config:
         timeout = float(raw_timeout)
     except ValueError:
         timeout = math.nan
-    if not timeout >= 0:  # also NaN; inf (wait for ever) is fine
+    if not 0 <= timeout < math.inf:  # also NaN; inf (or 1e400) would wait for ever on a hung compile
         raise ConfigError(
-            f"environment variable GDNJIT_LOCK_TIMEOUT: expected seconds (a number >= 0), got {raw_timeout!r}")
+            f"environment variable GDNJIT_LOCK_TIMEOUT: expected seconds (a finite number >= 0), got {raw_timeout!r}")
     raw_level = env.get("GDNJIT_LOG_LEVEL", "WARNING")
     level = raw_level.strip().upper()
     if not isinstance(logging.getLevelName(level), int):

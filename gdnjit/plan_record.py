@@ -16,10 +16,10 @@ import dataclasses
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Sequence
+
+from .atomic import write_atomic
 
 PLAN_DIR = "plans"
 FORMAT = 1
@@ -80,14 +80,7 @@ def save(cache_dir: Path, key: str, variants: Sequence[Any], problems: int) -> N
     directory.mkdir(parents=True, exist_ok=True)
     doc = {"format": FORMAT, "digest": key, "problems": problems,
            "variants": [{"name": v.name, "key": v.key, "description": v.describe()} for v in variants]}
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-plan-")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(doc, f, separators=(",", ":"))
-        os.replace(tmp, _path(cache_dir, key))
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(_path(cache_dir, key), json.dumps(doc, separators=(",", ":")).encode())
     for old in sorted(directory.glob("*.json"), key=_mtime, reverse=True)[KEEP:]:
         old.unlink(missing_ok=True)
 

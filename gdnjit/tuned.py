@@ -109,11 +109,8 @@ def load_tables(config: Config, device_name: str) -> TunedTable:
 
 
 def write_table(path: Path, doc: dict[str, Any]) -> None:
-    import os
-    import tempfile
+    """Write a tuned table document to ``path`` whole (readable by other users as the umask allows)."""
+    from .atomic import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
-    with os.fdopen(fd, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(doc, indent=1, sort_keys=True).encode())

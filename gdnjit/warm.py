@@ -138,7 +138,9 @@ def all_cached(recorded: Sequence[Recorded], config: Config) -> list[WarmResult]
 def warm(variants: Sequence[Variant], config: Config, jobs: int | None = None,
          on_done: Callable[[WarmResult], None] | None = None) -> list[WarmResult]:
     """Compile every variant not already cached, in ``jobs`` worker processes (NVRTC holds the GIL,
-    so threads would not compile in parallel; 'spawn' keeps workers safe next to a CUDA context)."""
+    so threads would not compile in parallel; 'spawn' keeps workers safe next to a CUDA context).
+    A compile failure is a "failed" result; an entry that cannot be written (:class:`CacheWriteError`: no
+    space left, ...) stops the warm, starting no further compile, and is raised."""
     jobs = jobs or os.cpu_count() or 1
     cache = DiskCache(config)
     # Cheap hits first, in this process; only misses go to workers.
@@ -163,11 +165,15 @@ def warm(variants: Sequence[Variant], config: Config, jobs: int | None = None,
         ctx = multiprocessing.get_context("spawn")
         with concurrent.futures.ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
             futures = {pool.submit(_warm_one, variants[i], config): i for i in todo}
-            for fut in concurrent.futures.as_completed(futures):
-                i = futures[fut]
-                results[i] = fut.result()
-                if on_done:
-                    on_done(results[i])
+            try:
+                for fut in concurrent.futures.as_completed(futures):
+                    i = futures[fut]
+                    results[i] = fut.result()
+                    if on_done:
+                        on_done(results[i])
+            except BaseException:  # a cache that cannot be written (CacheWriteError), ^C: start no more compiles
+                pool.shutdown(wait=True, cancel_futures=True)
+                raise
     return [results[i] for i in range(len(variants))]
 
 

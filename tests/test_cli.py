@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import hashlib
 import io
 import json
 import os
 import re
 import shlex
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -21,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from gdnjit import cli
-from gdnjit.cache.store import ENTRY_DIR
-from gdnjit.config import set_config
+from gdnjit.cache.archive import export_archive
+from gdnjit.cache.store import ENTRY_DIR, DiskCache
+from gdnjit.config import load_config, set_config
 from gdnjit.shapes import SHAPES_DIR, load_shapes
 from gdnjit.warm import plan
 
@@ -584,7 +587,7 @@ def test_readonly_cache_dir(readonly_cache, tmp_path, argv):
         from gdnjit.config import load_config
 
         seed_cache(tmp_path / "other", 3)
-        DiskCache(load_config({"GDNJIT_CACHE_DIR": str(tmp_path / "other")})).export(archive)
+        export_archive(DiskCache(load_config({"GDNJIT_CACHE_DIR": str(tmp_path / "other")})), archive)
     argv = [str(archive) if a == "ARCHIVE" else a for a in argv]
     line = bad_input(argv, d, f"gdnjit {argv[0]}: GDNJIT_CACHE_DIR: expected a writable directory, got '{d}'", why)
     assert line == (f"gdnjit {argv[0]}: GDNJIT_CACHE_DIR: expected a writable directory, got '{d}' "
@@ -631,7 +634,7 @@ def _truncated(p: Path) -> None:
     from gdnjit.cache.store import DiskCache
     from gdnjit.config import load_config
 
-    DiskCache(load_config({"GDNJIT_CACHE_DIR": str(p.parent / "src")})).export(p)
+    export_archive(DiskCache(load_config({"GDNJIT_CACHE_DIR": str(p.parent / "src")})), p)
     p.write_bytes(p.read_bytes()[:40])
 
 
@@ -655,7 +658,7 @@ def test_cache_import_not_an_archive(cache_dir, tmp_path, make, got):
 @pytest.mark.parametrize("where, got", [
     ("nodir/x.tar.gz", "got '{tmp}/nodir', which is missing"),
     ("afile/x.tar.gz", "got '{tmp}/afile', which is not a directory"),
-    ("adir", "expected a file path, got a directory"),
+    ("adir", "expected a new file (or, with --force, a regular file to replace), got a directory; nothing written"),
 ])
 def test_cache_export_into_missing_dir(cache_dir, tmp_path, where, got):
     seed_cache(cache_dir, 1)
@@ -675,11 +678,12 @@ def test_export_writes_nothing_when_it_fails(cache_dir, tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
     monkeypatch.setattr(tarfile.TarFile, "add", lambda *a, **k: (_ for _ in ()).throw(OSError(errno.EIO, "I/O")))
+    from gdnjit.cache.archive import ArchiveError
     from gdnjit.cache.store import DiskCache
     from gdnjit.config import load_config
 
-    with pytest.raises(OSError):
-        DiskCache(load_config({"GDNJIT_CACHE_DIR": str(cache_dir)})).export(out / "x.tar.gz")
+    with pytest.raises(ArchiveError, match=r"x\.tar\.gz': cannot be written \(I/O\)"):
+        export_archive(DiskCache(load_config({"GDNJIT_CACHE_DIR": str(cache_dir)})), out / "x.tar.gz")
     assert list(out.iterdir()) == []
 
 
@@ -774,6 +778,235 @@ def _archive(path: Path, members: dict[str, bytes], dot: bool = False) -> None:
             tar.addfile(info, io.BytesIO(data))
 
 
+# ---- the cache commands never destroy files --------------------------------------------------------
+
+
+def _export_target(kind: str, out: Path) -> None:
+    if kind == "fifo":
+        os.mkfifo(out)
+    elif kind == "symlink":
+        (out.parent / "target").write_bytes(b"keep me")
+        out.symlink_to(out.parent / "target")
+    elif kind == "file":
+        out.write_bytes(b"keep me")
+    else:
+        out.mkdir()
+
+
+@pytest.mark.parametrize("kind, got", [
+    ("fifo", "got a FIFO"), ("symlink", "got a symbolic link"), ("dir", "got a directory"),
+    ("file", "got an existing file (pass --force to replace it)"),
+])
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_cache_export_refuses_to_replace(cache_dir, tmp_path, kind, got, force):
+    """One line, exit 2, the target and everything beside it unchanged; --force replaces a regular file only."""
+    seed_cache(cache_dir, 2)
+    out = tmp_path / "out" / "x.tar.gz"
+    out.parent.mkdir()
+    _export_target(kind, out)
+    argv = ["cache", "export", str(out), *(["--force"] if force else [])]
+    if force and kind == "file":
+        rc, stdout, err = run_cli_exit(argv)
+        assert rc == 0 and err == "" and stdout.strip() == f"exported 2 entries from {cache_dir / ENTRY_DIR} to {out}"
+        assert tarfile.is_tarfile(out)
+        return
+    before = tree(out.parent)
+    line = bad_input(argv, cache_dir)
+    assert line.startswith(f"gdnjit cache: archive '{out}': expected a new file") and got in line
+    assert line.endswith("nothing written")
+    assert tree(out.parent) == before
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full here")
+@pytest.mark.parametrize("force", [False, True], ids=["plain", "force"])
+def test_cache_export_to_a_device_changes_nothing(cache_dir, force):
+    """Run as root, an export to /dev/full replaced the device node with a regular file."""
+    seed_cache(cache_dir, 1)
+    before = os.lstat("/dev/full")
+    line = bad_input(["cache", "export", "/dev/full", *(["--force"] if force else [])], cache_dir)
+    assert line == ("gdnjit cache: archive '/dev/full': expected a new file (or, with --force, a regular file to "
+                    "replace), got a character device; nothing written")
+    after = os.lstat("/dev/full")
+    assert stat.S_ISCHR(after.st_mode) and after.st_rdev == before.st_rdev
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["cache", "clear", "ANYTHING"], "clear: unexpected argument 'ANYTHING' (only export and import take a FILE)"),
+    (["cache", "verify", "FILE"], "verify: unexpected argument 'FILE' (only export and import take a FILE)"),
+    (["cache", "ls", "x"], "ls: unexpected argument 'x' (only export and import take a FILE)"),
+    (["cache", "evict", "x", "--max-bytes", "1"], "evict: unexpected argument 'x' (only export and import take a FILE)"),
+    (["cache", "ls", "--repair"], "ls: unexpected option --repair (only verify take --repair)"),
+    (["cache", "clear", "--max-bytes", "1"], "clear: unexpected option --max-bytes (only evict take --max-bytes)"),
+    (["cache", "import", "a.tar.gz", "--force"], "import: unexpected option --force (only export take --force)"),
+    (["cache", "export", "a.tar.gz", "--replace"], "export: unexpected option --replace (only import take --replace)"),
+    (["cache", "clear", "-v"], "clear: unexpected option -v (only ls take -v)"),
+    (["cache", "export"], "export: expected FILE, the .tar.gz archive, got none"),
+    (["cache", "import"], "import: expected FILE, the .tar.gz archive, got none"),
+])
+def test_cache_unexpected_arguments_are_errors(cache_dir, tmp_path, monkeypatch, argv, line):
+    """``cache clear ANYTHING`` deleted the whole cache; now nothing happens but one line and exit 2."""
+    monkeypatch.chdir(tmp_path)
+    seed_cache(cache_dir, 2)
+    assert bad_input(argv, cache_dir) == f"gdnjit cache: {line}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
+def _entries_archive(tmp_path: Path, n: int = 2) -> Path:
+    seed_cache(tmp_path / "src", n)
+    archive = tmp_path / "in.tar.gz"
+    export_archive(DiskCache(load_config({"GDNJIT_CACHE_DIR": str(tmp_path / "src")})), archive)
+    return archive
+
+
+@pytest.mark.parametrize("member, why", [
+    ("../evil.json", "'../evil.json' points outside the archive"),
+    ("/tmp/evil.json", "'/tmp/evil.json' points outside the archive"),
+    ("entries/e.cubin", "'entries/e.cubin' has a directory part"),
+    ("LINK", "'link.cubin' is a symbolic link"),
+])
+def test_cache_import_refuses_unsafe_members(cache_dir, tmp_path, member, why):
+    seed_cache(cache_dir, 1)
+    archive = _entries_archive(tmp_path)
+    with tarfile.open(archive, "r:gz") as tar:
+        old = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    with tarfile.open(archive, "w:gz") as tar:
+        for m, data in old:
+            tar.addfile(m, io.BytesIO(data))
+        info = tarfile.TarInfo("link.cubin" if member == "LINK" else member)
+        if member == "LINK":
+            info.type, info.linkname = tarfile.SYMTYPE, "/etc/passwd"
+            tar.addfile(info)
+        else:
+            info.size = 2
+            tar.addfile(info, io.BytesIO(b"{}"))
+    line = bad_input(["cache", "import", str(archive)], cache_dir)
+    assert line == (f"gdnjit cache: archive '{archive}': expected flat regular entry files, got 1 unsafe member(s) "
+                    f"({why}); nothing imported")
+    assert not (tmp_path / "evil.json").exists()
+
+
+def test_cache_import_refuses_an_oversized_member_before_reading_it(cache_dir, tmp_path):
+    """A 1 MB archive holding one member that claims 1 GiB: refused from its header, in well under a second."""
+    from gdnjit.cache.archive import MAX_MEMBER_BYTES
+
+    seed_cache(cache_dir, 1)
+    archive = tmp_path / "bomb.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        info = tarfile.TarInfo("e0-" + "0" * 32 + ".cubin")
+        info.size = 1 << 30
+        tar.addfile(info)  # the header alone: reading the member would fail on the missing data
+    t0 = time.perf_counter()
+    line = bad_input(["cache", "import", str(archive)], cache_dir)
+    assert time.perf_counter() - t0 < 5
+    assert line == (f"gdnjit cache: archive '{archive}': expected members of at most {MAX_MEMBER_BYTES} bytes, got "
+                    f"'{info.name}' of {1 << 30} bytes; nothing imported")
+
+
+def test_cache_import_keeps_a_differing_local_entry_unless_replace(cache_dir, tmp_path):
+    archive = _entries_archive(tmp_path)
+    names = seed_cache(cache_dir, 1)  # e0: the same name and key as the archive's e0 ...
+    local = cache_dir / ENTRY_DIR / f"{names[0]}.cubin"
+    from gdnjit.cache.store import read_entry
+
+    meta = json.loads((cache_dir / ENTRY_DIR / f"{names[0]}.json").read_text())
+    cubin = b"local build" * 8  # ... and another valid cubin
+    meta.update(cubin_size=len(cubin), cubin_sha256=hashlib.sha256(cubin).hexdigest())
+    local.write_bytes(cubin)
+    (cache_dir / ENTRY_DIR / f"{names[0]}.json").write_text(json.dumps(meta))
+    assert read_entry(cache_dir / ENTRY_DIR, names[0], meta["key"])[0] is not None
+    rc, out, err = run_cli_exit(["cache", "import", str(archive)])
+    assert rc == 1
+    assert out.strip() == (f"imported 1 entries into {cache_dir / ENTRY_DIR} (1 new, 0 replaced, 0 already present, "
+                           f"1 kept, 0 invalid skipped, 0 other files skipped)")
+    assert err == (f"gdnjit cache import: kept the local entry {names[0]}: its cubin differs from the archive's "
+                   f"(pass --replace to take the archive's)\n")
+    assert local.read_bytes() == cubin
+    rc, out, err = run_cli_exit(["cache", "import", str(archive), "--replace"])
+    assert rc == 0 and err == ""
+    assert out.strip() == (f"imported 1 entries into {cache_dir / ENTRY_DIR} (0 new, 1 replaced, 1 already present, "
+                           f"0 kept, 0 invalid skipped, 0 other files skipped)")
+    assert local.read_bytes() == (tmp_path / "src" / ENTRY_DIR / f"{names[0]}.cubin").read_bytes()
+    assert run_cli_exit(["cache", "verify"])[0] == 0
+
+
+def test_cache_import_names_skipped_files(cache_dir, tmp_path):
+    archive = _entries_archive(tmp_path)
+    with tarfile.open(archive, "r:gz") as tar:
+        old = [(m, tar.extractfile(m).read()) for m in tar.getmembers()]
+    _archive(archive, {**{m.name: data for m, data in old}, "NOTES.txt": b"hi", "bad-00.json": b"{}"})
+    rc, out, err = run_cli_exit(["cache", "import", str(archive)])
+    assert rc == 1 and "Traceback" not in err
+    assert out.strip().endswith("(2 new, 0 replaced, 0 already present, 0 kept, 1 invalid skipped, "
+                                "1 other files skipped)")
+    assert err.splitlines() == [
+        "gdnjit cache import: skipped invalid entry bad-00 (incomplete, or its cubin does not match its sidecar or name)",
+        "gdnjit cache import: skipped 'NOTES.txt': not a cache entry file"]
+
+
+def test_cache_ls_of_a_cache_not_created_yet(cache_dir):
+    rc, out, err = run_cli_exit(["cache", "ls"])
+    assert rc == 0 and out == ""
+    assert err == f"rw total: 0 entries, 0 bytes (0 B) in {cache_dir / ENTRY_DIR} (not created yet)\n"
+    assert not cache_dir.exists()
+
+
+def _no_half_entries(d: Path) -> None:
+    names = {p.name for p in d.iterdir()} if d.is_dir() else set()
+    stems = {n.rsplit(".", 1)[0] for n in names}
+    assert names == {f"{s}{x}" for s in stems for x in (".cubin", ".json")}, names
+
+
+def test_warm_onto_a_full_disk_injected(cache_dir, monkeypatch):
+    """The fifth entry's sidecar hits ENOSPC: one line naming the dir and the reason, exit 2, no half entry."""
+    from gdnjit.cache import store
+
+    real, writes = store.write_atomic, []
+
+    def write(path, data):
+        writes.append(path)
+        if len(writes) == 10:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, data)
+
+    monkeypatch.setattr(store, "write_atomic", write)
+    rc, out, err = run_cli_exit([*WARM, "-j", "1"])
+    assert rc == 2 and "Traceback" not in err, err
+    *progress, line = err.splitlines()  # stderr is no tty here: a line per compiled variant, then the error
+    assert [p.split()[1] for p in progress] == ["compiled"] * 4
+    assert line.startswith("gdnjit warm: GDNJIT_CACHE_DIR: cannot write entry ")
+    assert line.endswith(f" in '{cache_dir / ENTRY_DIR}': no space left on device")
+    _no_half_entries(cache_dir / ENTRY_DIR)
+    assert len(list((cache_dir / ENTRY_DIR).glob("*.cubin"))) == 4
+    assert not (cache_dir / "plans").exists()  # a failed warm records no plan
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_warm_onto_a_full_tmpfs(tmp_path, monkeypatch):
+    """A real full file system (a 192 KiB tmpfs), two worker processes: one line, exit 2, no half entry, and the
+    warm stops instead of failing every remaining variant."""
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        d = mnt / "cache"
+        _clean_env(monkeypatch, d)
+        t0 = time.perf_counter()
+        rc, out, err = run_cli_exit([*WARM, "-j", "2"])
+        assert rc == 2 and "Traceback" not in err, err
+        *progress, line = err.splitlines()
+        assert all(p.split()[1] == "compiled" for p in progress), err
+        assert line.startswith("gdnjit warm: GDNJIT_CACHE_DIR: cannot write entry ")
+        assert line.endswith(f" in '{d / ENTRY_DIR}': no space left on device"), err
+        assert time.perf_counter() - t0 < 60
+        _no_half_entries(d / ENTRY_DIR)
+        assert [p for p in (d / ENTRY_DIR).iterdir() if p.name.startswith(".")] == []  # no temp file either
+    finally:
+        set_config(None)
+        subprocess.run(["umount", str(mnt)], check=True)
+
+
 def test_cache_import_dot_slash_members(cache_dir, tmp_path):
     """An archive made with ``tar -C entries -czf x.tar.gz .`` (members ``./<name>.cubin``) imports."""
     names = seed_cache(tmp_path / "src", 2)
@@ -782,7 +1015,8 @@ def test_cache_import_dot_slash_members(cache_dir, tmp_path):
     _archive(archive, {p.name: p.read_bytes() for p in sorted(src.iterdir())}, dot=True)
     rc, out, err = run_cli_exit(["cache", "import", str(archive)])
     assert rc == 0, err
-    assert out.strip() == f"imported 2 entries into {cache_dir / ENTRY_DIR} (0 invalid skipped)"
+    assert out.strip() == (f"imported 2 entries into {cache_dir / ENTRY_DIR} (2 new, 0 replaced, 0 already present, "
+                           f"0 kept, 0 invalid skipped, 0 other files skipped)")
     assert {p.name for p in (cache_dir / ENTRY_DIR).iterdir()} == {p.name for p in src.iterdir()}
     rc, out, _ = run_cli_exit(["cache", "verify"])
     assert rc == 0 and out.strip() == f"{len(names)} entries checked in {cache_dir / ENTRY_DIR}, 0 bad"
@@ -791,9 +1025,10 @@ def test_cache_import_dot_slash_members(cache_dir, tmp_path):
 @pytest.mark.parametrize("content", ["no-entries", "only-invalid", "empty-export"])
 def test_cache_import_without_entries_is_an_error(cache_dir, tmp_path, content):
     archive = tmp_path / "x.tar.gz"
+    other = 0
     if content == "no-entries":
-        _archive(archive, {"README": b"hello", "sub/e-0.json": b"{}"}, dot=True)
-        invalid = 0
+        _archive(archive, {"README": b"hello", ".e-0.json": b"{}"}, dot=True)
+        invalid, other = 0, 2
     elif content == "only-invalid":
         name = seed_cache(tmp_path / "src", 1)[0]
         cubin = (tmp_path / "src" / ENTRY_DIR / f"{name}.cubin").read_bytes()
@@ -804,12 +1039,12 @@ def test_cache_import_without_entries_is_an_error(cache_dir, tmp_path, content):
         from gdnjit.cache.store import DiskCache
         from gdnjit.config import load_config
 
-        assert DiskCache(load_config({"GDNJIT_CACHE_DIR": str(tmp_path / "empty")})).export(archive) == 0
+        assert export_archive(DiskCache(load_config({"GDNJIT_CACHE_DIR": str(tmp_path / "empty")})), archive) == 0
         invalid = 0
     line = bad_input(["cache", "import", str(archive)], cache_dir)
     assert line == (f"gdnjit cache: archive '{archive}': expected cache entries (<name>.cubin + <name>.json "
-                    f"pairs, as `gdnjit cache export` writes them), got none that is valid ({invalid} invalid); "
-                    f"nothing imported")
+                    f"pairs, as `gdnjit cache export` writes them), got none that is valid ({invalid} invalid, "
+                    f"{other} other files); nothing imported")
 
 
 @pytest.mark.parametrize("target, message", [
@@ -830,9 +1065,11 @@ def test_spec_validate_missing_target(cache_dir, tmp_path, monkeypatch, target, 
 @pytest.mark.parametrize("name, value, message", [
     ("GDNJIT_PDL", "sometimes", "expected one of 1/0/true/false, got 'sometimes'"),
     ("GDNJIT_DISABLE_JIT", "maybe", "expected one of 1/0/true/false, got 'maybe'"),
-    ("GDNJIT_LOCK_TIMEOUT", "soon", "expected seconds (a number >= 0), got 'soon'"),
-    ("GDNJIT_LOCK_TIMEOUT", "-1", "expected seconds (a number >= 0), got '-1'"),
-    ("GDNJIT_LOCK_TIMEOUT", "nan", "expected seconds (a number >= 0), got 'nan'"),
+    ("GDNJIT_LOCK_TIMEOUT", "soon", "expected seconds (a finite number >= 0), got 'soon'"),
+    ("GDNJIT_LOCK_TIMEOUT", "-1", "expected seconds (a finite number >= 0), got '-1'"),
+    ("GDNJIT_LOCK_TIMEOUT", "nan", "expected seconds (a finite number >= 0), got 'nan'"),
+    ("GDNJIT_LOCK_TIMEOUT", "inf", "expected seconds (a finite number >= 0), got 'inf'"),
+    ("GDNJIT_LOCK_TIMEOUT", "1e400", "expected seconds (a finite number >= 0), got '1e400'"),
     ("GDNJIT_LOG_LEVEL", "loud", "expected a logging level name (DEBUG, INFO, WARNING, ERROR, CRITICAL), "
                                  "got 'loud'"),
     ("GDNJIT_CACHE_MAX_BYTES", "lots", "expected a size in bytes"),

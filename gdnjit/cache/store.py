@@ -18,19 +18,19 @@ Read-only dirs are never counted or touched.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
 import logging
 import os
 import stat
-import tarfile
 import tempfile
 import time
-import zlib
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
+from ..atomic import TEMP_PREFIX, write_atomic
 from ..config import Config
 from ..errors import CacheMissError, LockTimeoutError
 from .key import CACHE_FORMAT, cache_key
@@ -46,9 +46,9 @@ class CacheDirError(OSError):
     line. An OSError, so callers that catch OSError around cache work still do."""
 
 
-class ArchiveError(ValueError):
-    """A cache archive (``export`` / ``import_``) cannot be written or read, or holds no entries.
-    The message names the archive path, what was expected and what was found, on one line."""
+class CacheWriteError(CacheDirError):
+    """An entry could not be written to the writable cache dir (no space left, a quota, an I/O error): one line
+    naming the directory and the OS's reason. Nothing of the entry stays behind."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,33 +109,6 @@ def _touch(path: Path) -> None:
             os.utime(path)
     except OSError:
         pass
-
-
-def _publish(tmp, path: Path, write: Callable[[], Any]) -> Any:
-    """``write()`` (which fills ``tmp``), then ``os.replace(tmp, path)``; on any failure ``tmp`` is removed and
-    the error re-raised, so ``path`` is either the old file or the complete new one."""
-    try:
-        result = write()
-        os.replace(tmp, path)
-        return result
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".tmp-{path.name}-")
-
-    def write() -> None:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-
-    _publish(tmp, path, write)
 
 
 def _dir_error(var: str, directory: Path, expected: str, problem: str) -> CacheDirError:
@@ -289,37 +262,64 @@ class DiskCache:
             )
         if cfg.disable_disk_cache:
             return self._entry_from(name, key, fields, build(), origin="built")
-        _make_dir(self.dir, "GDNJIT_CACHE_DIR")
-        lock_dir = cfg.effective_lock_dir
-        _make_dir(lock_dir, "GDNJIT_LOCK_DIR" if cfg.lock_dir is not None else "GDNJIT_CACHE_DIR")
-        lock_path = lock_dir / f"{name}.lock"
-        import filelock  # only on a miss (and in evict): a warm-cache hit takes no lock, so never imports it
-
-        try:
-            with filelock.FileLock(str(lock_path), timeout=cfg.lock_timeout_s):
-                if not cfg.always_compile:
-                    entry, _ = read_entry(self.dir, name, key)  # re-check: another process may have built it
-                    if entry is not None:
-                        _touch(self.dir / f"{name}.json")
-                        return entry
-                self._remove_temps(name)  # temps of this entry are only written under this lock: stale
-                built = build()
-                entry = self._entry_from(name, key, fields, built, origin="built")
-                _atomic_write(self.dir / f"{name}.cubin", built.cubin)
-                if built.source is not None and cfg.save_source:
-                    _atomic_write(self.dir / f"{name}.cu", built.source.encode())
-                _atomic_write(self.dir / f"{name}.json", json.dumps(entry.meta, indent=1, sort_keys=True).encode())
-        except filelock.Timeout:
-            raise LockTimeoutError(
-                f"timed out after {cfg.lock_timeout_s} s waiting for the compile lock {lock_path} "
-                f"(another process is compiling {name}; raise GDNJIT_LOCK_TIMEOUT or check for a hung process)"
-            ) from None
+        with self._locked(name):
+            if not cfg.always_compile:
+                entry, _ = read_entry(self.dir, name, key)  # re-check: another process may have built it
+                if entry is not None:
+                    _touch(self.dir / f"{name}.json")
+                    return entry
+            self._remove_temps(name)  # temps of this entry are only written under this lock: stale
+            built = build()
+            entry = self._entry_from(name, key, fields, built, origin="built")
+            self._write_entry(name, built.cubin, json.dumps(entry.meta, indent=1, sort_keys=True).encode(),
+                              built.source.encode() if built.source is not None and cfg.save_source else None)
         if cfg.cache_max_bytes > 0:  # after releasing our lock: eviction only ever tries other entries' locks
             try:
                 self.evict(keep=(name,))
             except OSError as e:  # cache maintenance never fails a call
                 _warn_once(f"gdnjit cache: size limit not applied in {self.dir}: {e}")
         return entry
+
+    @contextlib.contextmanager
+    def _locked(self, name: str) -> Iterator[None]:
+        """Hold entry ``name``'s file lock (the writable and lock dirs made first); LockTimeoutError after
+        ``GDNJIT_LOCK_TIMEOUT`` seconds."""
+        cfg = self.config
+        _make_dir(self.dir, "GDNJIT_CACHE_DIR")
+        lock_dir = cfg.effective_lock_dir
+        _make_dir(lock_dir, "GDNJIT_LOCK_DIR" if cfg.lock_dir is not None else "GDNJIT_CACHE_DIR")
+        lock_path = lock_dir / f"{name}.lock"
+        import filelock  # only on a miss (and in evict): a warm-cache hit takes no lock, so never imports it
+
+        lock = filelock.FileLock(str(lock_path), timeout=cfg.lock_timeout_s)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise LockTimeoutError(
+                f"timed out after {cfg.lock_timeout_s} s waiting for the compile lock {lock_path} "
+                f"(another process is compiling {name}; raise GDNJIT_LOCK_TIMEOUT or check for a hung process)"
+            ) from None
+        try:
+            yield
+        finally:
+            lock.release()
+
+    def add_entry(self, name: str, cubin: bytes, sidecar: bytes, replace: bool = False) -> str:
+        """Publish an entry made elsewhere (a verified archive entry: the sidecar's key matches ``name``) under
+        its lock. Returns what happened: ``"added"`` (no valid local entry of that name), ``"present"`` (the
+        local entry has the same cubin: left as it is), ``"kept"`` (the local entry has another cubin and
+        stays, since ``replace`` is false) or ``"replaced"``."""
+        key = json.loads(sidecar)["key"]
+        with self._locked(name):
+            local, _ = read_entry(self.dir, name, key)
+            if local is not None:
+                if local.cubin == cubin:
+                    return "present"
+                if not replace:
+                    return "kept"
+            self._remove_temps(name)
+            self._write_entry(name, cubin, sidecar)
+            return "added" if local is None else "replaced"
 
     @staticmethod
     def _entry_from(name: str, key: str, fields: Mapping[str, Any], built: Built, origin: str) -> Entry:
@@ -330,8 +330,21 @@ class DiskCache:
         )
         return Entry(name, built.cubin, meta, origin)
 
+    def _write_entry(self, name: str, cubin: bytes, sidecar: bytes, source: bytes | None = None) -> None:
+        """Write an entry's files, the sidecar (its commit marker) last. Caller holds the entry lock. On a failed
+        write (a full disk, ...) the files written so far are removed, so no half entry stays, and
+        :class:`CacheWriteError` names the directory."""
+        files = [(".cubin", cubin), *(((".cu", source),) if source is not None else ()), (".json", sidecar)]
+        try:
+            for suffix, data in files:
+                write_atomic(self.dir / f"{name}{suffix}", data)
+        except OSError as e:
+            self._delete_entry(name)
+            raise CacheWriteError(f"GDNJIT_CACHE_DIR: cannot write entry {name} in {str(self.dir)!r}: "
+                                  f"{(e.strerror or str(e)).lower()}") from None
+
     def _remove_temps(self, name: str) -> None:
-        for p in self.dir.glob(f".tmp-{name}.*"):
+        for p in self.dir.glob(f"{TEMP_PREFIX}{name}.*"):
             try:
                 p.unlink()
             except OSError:
@@ -450,101 +463,3 @@ class DiskCache:
                     p.unlink(missing_ok=True)
                     n += 1
         return n
-
-    def export(self, path: Path) -> int:
-        """Write every valid entry (cubin + sidecar) to a ``.tar.gz`` at ``path``; returns the entry count.
-
-        The archive is written to a temp file next to ``path`` and renamed at the end, so a failed
-        export leaves nothing behind; raises :class:`ArchiveError` if ``path`` cannot be written
-        (e.g. its directory does not exist)."""
-        path = Path(path)
-        parent = path.parent
-        if not parent.is_dir():
-            raise ArchiveError(f"archive {str(path)!r}: expected a file path in an existing directory, "
-                               f"got {str(parent)!r}, which is {'not a directory' if parent.exists() else 'missing'}")
-        if path.is_dir():
-            raise ArchiveError(f"archive {str(path)!r}: expected a file path, got a directory")
-        tmp = parent / f".tmp-{path.name}-{os.getpid()}-{os.urandom(4).hex()}"
-        try:
-            f = open(tmp, "xb")  # not mkstemp: the archive gets the umask's mode, as a plain open would
-        except OSError as e:
-            raise ArchiveError(f"archive {str(path)!r}: expected a writable directory, got {str(parent)!r} "
-                               f"({e.strerror})") from None
-
-        def write() -> int:
-            n = 0
-            with f, tarfile.open(str(path), mode="w:gz", fileobj=f) as tar:
-                for name, meta in self.list_entries():
-                    key = meta.get("key") if meta else None
-                    entry, _ = read_entry(self.dir, name, key) if isinstance(key, str) else (None, None)
-                    if entry is None or not name.endswith("-" + key[:32]):
-                        continue
-                    for suffix in (".cubin", ".json"):
-                        tar.add(self.dir / f"{name}{suffix}", arcname=f"{name}{suffix}")
-                    n += 1
-            return n
-
-        return _publish(tmp, path, write)
-
-    def read_archive(self, path: Path) -> tuple[dict[str, tuple[bytes, bytes]], int]:
-        """The valid entries of an exported archive, ``{name: (cubin, sidecar)}``, and how many entries
-        were invalid (skipped). Members are flat entry files (``<name>.cubin``, ``<name>.json``); a
-        leading ``./`` (``tar -C dir -czf x.tar.gz .``) is dropped; paths, links and dot files are
-        ignored. Raises :class:`ArchiveError` if ``path`` is missing or not a gzipped tar."""
-        path = Path(path)
-        if not path.is_file():
-            found = "a directory" if path.is_dir() else "no such file" if not path.exists() else "not a regular file"
-            raise ArchiveError(f"archive {str(path)!r}: expected a .tar.gz file made by `gdnjit cache export`, "
-                               f"got {found}")
-        files: dict[str, bytes] = {}
-        try:
-            with tarfile.open(path, "r:gz") as tar:
-                for member in tar.getmembers():
-                    name = member.name
-                    while name.startswith("./"):
-                        name = name[2:]
-                    base = os.path.basename(name)
-                    if not member.isfile() or base != name or base.startswith(".") \
-                            or not base.endswith((".cubin", ".json")):
-                        continue  # only flat entry files: no paths, links or traversal
-                    files[base] = tar.extractfile(member).read()
-        except (tarfile.TarError, EOFError, zlib.error, OSError) as e:  # OSError: gzip.BadGzipFile, EIO, ...
-            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e) or type(e).__name__
-            raise ArchiveError(f"archive {str(path)!r}: expected a .tar.gz file made by `gdnjit cache export`, "
-                               f"got one that cannot be read ({why})") from None
-        good: dict[str, tuple[bytes, bytes]] = {}
-        skipped = 0
-        for fname in sorted(f for f in files if f.endswith(".json")):
-            name = fname[:-5]
-            try:
-                meta = json.loads(files[fname])
-                cubin = files[f"{name}.cubin"]
-                ok = (isinstance(meta, dict) and isinstance(meta.get("key"), str)
-                      and name.endswith("-" + meta["key"][:32]) and meta.get("format") == CACHE_FORMAT
-                      and len(cubin) == meta.get("cubin_size")
-                      and hashlib.sha256(cubin).hexdigest() == meta.get("cubin_sha256"))
-            except (ValueError, KeyError):
-                ok = False
-            if ok:
-                good[name] = (cubin, files[fname])
-            else:
-                skipped += 1
-        return good, skipped
-
-    def import_(self, path: Path) -> tuple[int, int]:
-        """Add the entries of an exported archive to the writable dir (each verified, published
-        atomically); returns (imported, skipped as invalid). The archive is read and checked before
-        anything is written: a bad archive (:class:`ArchiveError`) or one without valid entries
-        changes nothing."""
-        good, skipped = self.read_archive(path)
-        return self.add_entries(good), skipped
-
-    def add_entries(self, entries: Mapping[str, tuple[bytes, bytes]]) -> int:
-        """Publish entries from :meth:`read_archive` (cubin, then sidecar, each atomically) into the
-        writable dir, made if missing; returns how many."""
-        if entries:
-            _make_dir(self.dir, "GDNJIT_CACHE_DIR")
-        for name, (cubin, sidecar) in entries.items():
-            _atomic_write(self.dir / f"{name}.cubin", cubin)
-            _atomic_write(self.dir / f"{name}.json", sidecar)
-        return len(entries)

@@ -635,6 +635,93 @@ def test_no_temp_files_after_normal_publishes(tmp_path):
     assert lock_files <= {f"{n}.lock" for n in names}
 
 
+# ---- file modes: a cache warmed by one user is read by another -------------------------------
+
+
+def _with_umask(mask, fn):
+    old = os.umask(mask)
+    try:
+        return fn()
+    finally:
+        os.umask(old)
+
+
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o002, 0o664), (0o077, 0o600)])
+def test_written_files_follow_the_umask(tmp_path, mask, mode):
+    """Entries, plan records and tuned tables get 0666 less the umask, as any file the user creates (they were
+    0600 whatever the umask: tempfile.mkstemp's mode), so a shared warmed dir is readable where the umask says."""
+    from gdnjit import plan_record, tuned
+
+    c = make_cache(tmp_path / "cache", GDNJIT_SAVE_SOURCE=1)
+    f, _, name = entry(3)
+
+    def write():
+        c.get_or_build(name, f, Builder(3, source="// 3"))
+        plan_record.save(c.config.cache_dir, "k" * 64, [], 0)
+        tuned.write_table(c.config.cache_dir / "tuned" / "t.json", {"entries": []})
+
+    _with_umask(mask, write)
+    written = [c.dir / f"{name}{s}" for s in (".cubin", ".json", ".cu")]
+    written += [c.config.cache_dir / plan_record.PLAN_DIR / f"{'k' * 64}.json", c.config.cache_dir / "tuned" / "t.json"]
+    assert {p.name: stat.S_IMODE(p.stat().st_mode) for p in written} == {p.name: mode for p in written}
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root to run a reader as another user")
+def test_another_user_reads_a_warmed_shared_cache(tmp_path):
+    """docs/deploy.md's fleet set-up: warm into a shared dir, serve as another user through
+    GDNJIT_READONLY_CACHE_DIRS. The reader (uid 65534, `nobody`) must be able to read every entry file."""
+    import tempfile
+
+    shared = Path(tempfile.mkdtemp(prefix="gdnjit-shared-"))  # outside pytest's tmp dirs, which are 0700
+    try:
+        os.chmod(shared, 0o755)
+        c = make_cache(shared / "cache")
+        names = []
+        for i in range(3):
+            f, _, name = entry(i)
+            _with_umask(0o022, lambda f=f, name=name, i=i: c.get_or_build(name, f, Builder(i)))
+            names.append(name)
+        files = [str(c.dir / f"{n}{s}") for n in names for s in (".cubin", ".json")]
+
+        def as_nobody():
+            os.setgid(65534)
+            os.setuid(65534)
+
+        proc = subprocess.run(["cat", *files], preexec_fn=as_nobody, capture_output=True, timeout=CHILD_TIMEOUT)
+        assert proc.returncode == 0, proc.stderr.decode()
+        assert proc.stdout == b"".join(Path(p).read_bytes() for p in files)
+    finally:
+        import shutil
+
+        shutil.rmtree(shared)
+
+
+# ---- a write that fails (a full disk): no half entry ---------------------------------------------
+
+
+@pytest.mark.parametrize("failing", [".cubin", ".cu", ".json"])
+def test_a_failed_write_leaves_no_half_entry(tmp_path, monkeypatch, failing):
+    import errno
+
+    c = make_cache(tmp_path / "cache", GDNJIT_SAVE_SOURCE=1)
+    f, key, name = entry(5)
+    real = store.write_atomic
+
+    def write(path, data):
+        if path.name.endswith(failing):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        real(path, data)
+
+    monkeypatch.setattr(store, "write_atomic", write)
+    with pytest.raises(store.CacheWriteError) as e:
+        c.get_or_build(name, f, Builder(5, source="// 5"))
+    assert str(e.value) == (f"GDNJIT_CACHE_DIR: cannot write entry {name} in '{c.dir}': no space left on device")
+    assert files_in(c.dir) == set()  # neither the cubin nor the source stays without its sidecar
+    monkeypatch.undo()
+    assert c.lookup(name, key) is None
+    assert c.get_or_build(name, f, Builder(5)).origin == "built"  # the next try builds it whole
+
+
 # ---- real processes --------------------------------------------------------------------------
 
 _RACE_FAKE = """
