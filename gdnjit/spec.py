@@ -41,6 +41,7 @@ Schema (see ``docs/specs.md`` for the guide)::
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import functools
 import itertools
@@ -462,7 +463,10 @@ def _dispatch_params(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str
         if set(reads) - set(allowed):
             raise _err(file, key, f"may read only params, reads {sorted(set(reads) - set(allowed))}", table, name)
         for combo in itertools.product(*(allowed[n] for n in reads)):
-            value = _expr.evaluate(text, dict(zip(reads, combo)))
+            try:
+                value = _expr.evaluate(text, dict(zip(reads, combo)))
+            except _expr.ExprError as err:
+                raise _err(file, key, f"fails to evaluate for {dict(zip(reads, combo))}: {err}", table, name) from None
             if value not in allowed[name]:
                 raise _err(file, key, f"gives {value!r} for {dict(zip(reads, combo))}, not one of {list(allowed[name])}",
                            table, name)
@@ -549,6 +553,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
     _check_template(template, params, tunables, file, doc)
     known = set(dict(params)) | set(dict(tunables))
     domains = _param_domains(doc, file, params)
+    compared: list = []  # (key, text, node, sub) of the expressions _check_literals reads once the spec is built
 
     derived_doc = _section(doc, file, "derived", "name -> expression")
     derived = []
@@ -562,6 +567,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
             raise _err(file, key, f"uses unknown names {sorted(missing)}", derived_doc, name)
         derived.append((name, text))
         known.add(name)
+        compared.append((key, text, derived_doc, name))
 
     facts_doc = doc.get("facts", LineList())
     if not isinstance(facts_doc, list) or not all(isinstance(f, str) and f.isidentifier() for f in facts_doc):
@@ -577,6 +583,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
     from_arch = [(name, text) for name, text, _ in _param_expressions(
         doc, file, params, "from_arch", "param -> expression over arch", lambda name: "arch")]
     dispatch_params = _dispatch_params(doc, file, params)
+    compared += [(f"dispatch_params.{n}", text, doc["dispatch_params"], n) for n, text in dispatch_params]
     invariant_batch = doc.get("invariant_batch", 0)
     if isinstance(invariant_batch, bool) or not isinstance(invariant_batch, int) or invariant_batch < 0 or \
             (invariant_batch and not batch_fact):
@@ -605,6 +612,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
         if missing:
             raise _err(file, key, f"uses unknown names {sorted(missing)}", cons_doc, i)
         constraints.append(Constraint(text, str(c.get("why", "")), _line(cons_doc, i)))
+        compared.append((key + ".expr", text, c, "expr"))
 
     rules_doc = doc["rules"]
     if not isinstance(rules_doc, list) or not rules_doc:
@@ -627,9 +635,11 @@ def parse_spec(doc: Any, file: str) -> Spec:
             missing = _expr.names_in(when) - known - set(facts)
             if missing:
                 raise _err(file, key + ".when", f"uses unknown names {sorted(missing)}", r, "when")
+            compared.append((key + ".when", when, r, "when"))
         rules.append(Rule(when, tuple((n, use[n]) for n in tunable_names), str(r.get("why", "")), _line(rules_doc, i)))
 
     retile_may_set, retile = _retile(doc, file, tunables, set(dict(params)) | set(tunable_names) | set(facts))
+    compared += [(f"retile[{i}].when", r.when, doc["retile"][i], "when") for i, r in enumerate(retile)]
 
     launch_doc = doc["launch"]
     if not isinstance(launch_doc, dict) or set(launch_doc) != {"grid", "block", "smem"}:
@@ -641,6 +651,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
         if missing:
             raise _err(file, f"launch.{n}", f"uses unknown names {sorted(missing)}", launch_doc, n)
         launch.append((n, text))
+        compared.append((f"launch.{n}", text, launch_doc, n))
 
     args_doc = doc["args"]
     if not isinstance(args_doc, dict) or not args_doc:
@@ -658,8 +669,62 @@ def parse_spec(doc: Any, file: str) -> Spec:
         dispatch_params=dispatch_params, invariant_batch=invariant_batch, retile_may_set=retile_may_set,
         retile=retile,
     )
-    _check_fallbacks(spec, rules_doc)
+    for place in compared:
+        _check_literals(spec, *place)
+    _check_fallbacks(spec, doc)
     return spec
+
+
+def _check_literals(spec: Spec, key: str, text: str, node: Any, sub: Any) -> None:
+    """SpecError if ``text`` compares a param or tunable with a literal it never takes (``acc_dtype == 'nnone'``,
+    ``K in (64, 96)``): such a test never holds (or, negated, always does), most likely a typo. A param with a domain
+    takes every integer the domain accepts; facts and derived values have no list to check."""
+    names = set(spec.param_names) | set(spec.tunable_names)
+    source, comparisons = _literal_comparisons(text)
+    for cmp, name, values in comparisons:
+        if name not in names:
+            continue
+        # 60.0 and True equal the integers 60 and 1, which a domain may take
+        bad = [v for v in values if not spec.accepts(name, int(v) if isinstance(v, bool) or (
+            isinstance(v, float) and v.is_integer()) else v)]
+        if bad:
+            shown = " ".join(ast.get_source_segment(source, cmp).split())
+            raise _err(spec.file, key, f"`{shown}` compares {name} with {bad[0]!r}, a value it never takes "
+                       f"(allowed: {spec.allowed_text(name)})", node, sub)
+
+
+@functools.lru_cache(maxsize=4096)
+def _literal_comparisons(text: str) -> tuple[str, tuple]:
+    """(the source parsed, ((comparison node, name, literal values), ...)) for each ``name == literal`` / ``!=``
+    (either side) and ``name in (literals)`` / ``not in`` (a tuple or list) in ``text`` read as Python, chained
+    comparisons pair by pair; none for a text Python does not parse (Jinja's own syntax)."""
+    source = f"(\n{text.strip()}\n)"  # in parentheses: a text may span lines, as Jinja allows
+    try:
+        tree = ast.parse(source, mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return source, ()
+    out = []
+    for cmp in ast.walk(tree):
+        if not isinstance(cmp, ast.Compare):
+            continue
+        operands = [cmp.left, *cmp.comparators]
+        for left, op, right in zip(operands, cmp.ops, operands[1:]):
+            member = isinstance(op, (ast.In, ast.NotIn))
+            if not (member or isinstance(op, (ast.Eq, ast.NotEq))):
+                continue  # orderings (<, >) are not read
+            # `'bf' in name` tests the value's contents: only `name in (...)` is read
+            for name, literal in [(left, right)] if member else [(left, right), (right, left)]:
+                if not isinstance(name, ast.Name):
+                    continue
+                try:
+                    value = ast.literal_eval(literal)
+                except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError):
+                    continue  # not a literal
+                if not member:
+                    out.append((cmp, name.id, (value,)))
+                elif isinstance(value, (tuple, list)):
+                    out.append((cmp, name.id, tuple(value)))
+    return source, tuple(out)
 
 
 def _tunables_alone(spec: Spec, rule: Rule) -> dict[str, Any]:
@@ -688,9 +753,75 @@ def _satisfied_by_tunables(c: Constraint, contexts: list[dict[str, Any]]) -> boo
 _MAX_FALLBACK_COMBOS = 4096
 
 
-def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
+def _fails_on_tunables(spec: Spec, rule: Rule) -> bool:
+    """Whether a derived value that reads only ``rule``'s tunables (and such derived values) fails to evaluate: then
+    no params make the rule valid."""
+    ctx = dict(rule.use)
+    for n, e in spec.derived:
+        if _expr.names_in(e) <= ctx.keys():
+            try:
+                ctx[n] = _expr.evaluate(e, ctx)
+            except _expr.ExprError:
+                return True
+    return False
+
+
+class _Traced(_LazyValues):
+    """_LazyValues that remembers the first derived value that failed to evaluate: the innermost one (a derived
+    value that reads a failing one fails with its error)."""
+
+    failed: tuple[str, _expr.ExprError] | None = None
+
+    def __getitem__(self, name: str) -> Any:
+        try:
+            return super().__getitem__(name)
+        except _expr.ExprError as e:
+            if self.failed is None:
+                self.failed = (name, e)
+            raise
+
+    def shown(self, text: str) -> str:
+        """`` (n=1, t=2)``: the values computed so far of the names ``text`` reads ("" if none)."""
+        read = [f"{n}={self._values[n]!r}" for n in sorted(_expr.names_in(text)) if n in self._values]
+        return f" ({', '.join(read)})" if read else ""
+
+
+def _evaluation_error(spec: Spec, doc: Any, params: dict[str, Any], index: int) -> SpecError | None:
+    """The SpecError naming the derived value (or constraint) that fails to evaluate for ``params`` and rule
+    ``index``'s tunables where no constraint is false (a derived value may fail where the constraints exclude the
+    combination, in whatever order they come); None where one is false or everything evaluates."""
+    values = _Traced(spec, tuple(params.items()), spec.rules[index].use)
+    where = f"with rules[{index}]'s tunables"
+    broken = None  # (index, error, whether no derived value failed) of the first constraint that fails to evaluate
+    for i, c in enumerate(spec.constraints):
+        try:
+            if not _expr.evaluate(c.expr, values):
+                return None
+        except _expr.ExprError as e:
+            broken = broken or (i, e, values.failed is None)
+    if broken is None:
+        for n in values:  # every derived value must evaluate, as in Spec.valid
+            try:
+                values[n]
+            except _expr.ExprError:
+                break
+    elif broken[2]:  # the constraint's own expression
+        i, e, _ = broken
+        text = spec.constraints[i].expr
+        return _err(spec.file, f"constraints[{i}].expr", f"fails to evaluate {where}{values.shown(text)}: {e}",
+                    doc["constraints"][i], "expr")
+    if values.failed is None:
+        return None
+    name, e = values.failed
+    shown = values.shown(dict(spec.derived)[name])
+    return _err(spec.file, f"derived.{name}", f"fails to evaluate {where} where the constraints hold{shown}: {e}",
+                doc["derived"], name)
+
+
+def _check_fallbacks(spec: Spec, doc: Any) -> None:
     """Every combination of the params the constraints read must have a valid rule without ``when``,
-    so dispatch can never come up empty."""
+    so dispatch can never come up empty; a derived value must not fail where the constraints hold."""
+    rules_doc = doc["rules"]
     fallbacks = [r for r in spec.rules if r.when is None]
     if not fallbacks:
         raise _err(spec.file, "rules", "needs at least one rule without `when` (the fallback)", rules_doc)
@@ -710,16 +841,27 @@ def _check_fallbacks(spec: Spec, rules_doc: Any) -> None:
                 todo.extend(_expr.names_in(derived[n]))
     pnames = [n for n, _ in spec.params if n in used]
     pvals = [dict(spec.params)[n] for n in pnames]
-    combos = math.prod(len(v) for v in pvals)
-    if combos > _MAX_FALLBACK_COMBOS:  # the shipped specs enumerate 18-36; millions would hang the loader
-        raise _err(spec.file, "rules", f"checking the fallback rules would enumerate {combos} combinations of the params "
+    count = math.prod(len(v) for v in pvals)
+    if count > _MAX_FALLBACK_COMBOS:  # the shipped specs enumerate 18-36; millions would hang the loader
+        raise _err(spec.file, "rules", f"checking the fallback rules would enumerate {count} combinations of the params "
                    f"{', '.join(pnames)} (at most {_MAX_FALLBACK_COMBOS}): let the fallbacks' tunables alone satisfy "
                    f"more constraints", rules_doc)
     defaults = {n: v[0] for n, v in spec.params}
-    for combo in itertools.product(*pvals):
-        params = dict(defaults, **dict(zip(pnames, combo)))
+    combos = [dict(defaults, **dict(zip(pnames, combo))) for combo in itertools.product(*pvals)]
+    # A rule (with `when` too: dispatch would skip it silently) whose tunables alone make a derived value fail is
+    # never valid: an error unless the constraints exclude it
+    suspects = [i for i, r in enumerate(spec.rules) if _fails_on_tunables(spec, r)]
+    error = next(filter(None, (_evaluation_error(spec, doc, p, i) for i in suspects for p in combos)), None)
+    if error:
+        raise error
+    for params in combos:
         if not any(spec.valid(params, dict(r.use)) for r in fallbacks):
-            shown = ", ".join(f"{n}={v!r}" for n, v in zip(pnames, combo))
+            # a derived value failing there says more than "no fallback"
+            error = next(filter(None, (_evaluation_error(spec, doc, params, i)
+                                       for i, r in enumerate(spec.rules) if r.when is None)), None)
+            if error:
+                raise error
+            shown = ", ".join(f"{n}={params[n]!r}" for n in pnames)
             raise _err(spec.file, "rules", f"no fallback rule (without `when`) is valid for {shown}", rules_doc)
 
 

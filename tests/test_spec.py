@@ -988,12 +988,12 @@ def test_expr_sandbox_range_limit_is_expr_error():
 
 def test_sandboxed_expression_in_spec_is_not_python(tmp_path):
     """A derived expression reaching for internals never yields them: every variant is invalid,
-    so validation finds no usable fallback."""
+    and validation names the derived value."""
     line = key_line(GDN_TEXT, "derived", "elems")
     lines = GDN_TEXT.splitlines(keepends=True)
     text = "".join(lines[:line] + ['  leak: "K.__class__"\n'] + lines[line:])
-    e = spec_error(tmp_path, text, "rules", item_lines(text, "rules")[0])
-    assert "no fallback rule" in e.reason
+    e = spec_error(tmp_path, text, "derived.leak", line + 1)
+    assert "fails to evaluate" in e.reason and "expression 'K.__class__' evaluated to undefined" in e.reason
 
 
 # ---- Spec.violations -----------------------------------------------------------------------
@@ -1204,6 +1204,154 @@ def test_retile_errors(tmp_path, old, new, key, reason):
     assert text != TOY_RETILE
     e = spec_error(tmp_path, text, key, None)
     assert reason in str(e)
+
+
+# ---- derived values that fail to evaluate; comparisons with values never taken (issue 54) ---------------
+
+
+def toy_with(old: str, new: str, base: str = TOY) -> str:
+    assert old in base, old
+    return base.replace(old, new, 1)
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('"4 // 0"', "expression '4 // 0': ZeroDivisionError: integer division or modulo by zero"),
+    ("\"'a' + 1\"", "expression \"'a' + 1\": TypeError: can only concatenate str"),
+])
+def test_derived_that_fails_everywhere_is_named(tmp_path, text, reason):
+    """Every variant is invalid: the error names the derived value, its line and the evaluation error (it said
+    "no fallback rule (without `when`) is valid for " before)."""
+    text = toy_with('  per: "n // t"\n', f'  per: "n // t"\n  x: {text}\n')
+    e = spec_error(tmp_path, text, "derived.x", line_of(text, "  x: "))
+    assert e.reason.startswith("fails to evaluate with rules[0]'s tunables where the constraints hold: "), e.reason
+    assert reason in e.reason, e.reason
+
+
+def test_derived_that_fails_for_some_params_is_named(tmp_path):
+    """n = 32 leaves no valid fallback: the failing derived value is named, with the values it read."""
+    text = toy_with('  per: "n // t"\n', '  x: "n // (n - 32)"\n  per: "n // t"\n')
+    e = spec_error(tmp_path, text, "derived.x", line_of(text, "  x: "))
+    assert e.reason == ("fails to evaluate with rules[2]'s tunables where the constraints hold (n=32): "
+                        "expression 'n // (n - 32)': ZeroDivisionError: integer division or modulo by zero"), e.reason
+
+
+def test_derived_that_fails_for_a_rules_tunables_is_named(tmp_path):
+    """A rule with `when` whose tunables alone break a derived value (t = 4: inv) is never valid, and dispatch would
+    skip it silently: the fallback is valid everywhere, so only this check finds it. The innermost failing value is
+    named (the constraint reads w, which reads inv)."""
+    text = toy_with('  per: "n // t"\n', '  per: "n // t"\n  inv: "64 // (t - 4)"\n  w: "inv + n"\n')
+    text = toy_with("facts: [B]", '  - expr: "w != 0"\n    why: reads inv\nfacts: [B]', text)
+    e = spec_error(tmp_path, text, "derived.inv", line_of(text, "  inv: "))
+    assert e.reason.startswith("fails to evaluate with rules[0]'s tunables where the constraints hold (t=4): "
+                               "expression '64 // (t - 4)': ZeroDivisionError"), e.reason
+
+
+TOY_EXCLUDED = toy_with("  t: [1, 2, 4]", "  t: [0, 1, 2, 4]")
+TOY_EXCLUDED = toy_with('  per: "n // t"\n', '  inv: "64 // t"\n  per: "n // t"\n', TOY_EXCLUDED)
+TOY_EXCLUDED = toy_with("    use: {t: 4}", "    use: {t: 0}", TOY_EXCLUDED)
+TOY_EXCLUDED = toy_with("  - use: {t: 1}\n", "  - use: {t: 0}\n    why: excluded\n  - use: {t: 1}\n", TOY_EXCLUDED)
+# after `per >= 32`, which fails to evaluate at t = 0: the constraints exclude t = 0 whatever their order
+TOY_EXCLUDED = toy_with("facts: [B]", '  - expr: "t > 0"\n    why: no empty threads\nfacts: [B]', TOY_EXCLUDED)
+
+
+def test_derived_may_fail_where_the_constraints_exclude(tmp_path):
+    """inv and per fail at t = 0, which a rule with `when` and a fallback use, but a constraint excludes t = 0:
+    the spec loads and dispatch takes the next valid rule."""
+    toy = load_spec_file(write(tmp_path, TOY_EXCLUDED, "toy.yaml"))
+    assert not toy.valid({"n": 64, "flag": False}, {"t": 0})
+    assert dispatch.select(toy, {"n": 64, "flag": False}, {"B": 200}) == ({"t": 2}, toy.rules[1])
+    assert dispatch.select(toy, {"n": 64, "flag": False}, {"B": 1}) == ({"t": 1}, toy.rules[3])
+    # without that constraint, the same failures are errors naming the first one that is read
+    text = toy_with('  - expr: "t > 0"\n    why: no empty threads\n', "", TOY_EXCLUDED)
+    e = spec_error(tmp_path, text, "derived.per", line_of(text, "  per: "))
+    assert "with rules[0]'s tunables where the constraints hold (n=32, t=0): expression 'n // t'" in e.reason
+
+
+def test_constraint_that_fails_to_evaluate_is_named(tmp_path):
+    text = toy_with("facts: [B]", '  - expr: "\'a\' + n"\n    why: a typo\nfacts: [B]')
+    e = spec_error(tmp_path, text, "constraints[1].expr", line_of(text, "'a' + n"))
+    assert e.reason.startswith("fails to evaluate with rules[2]'s tunables (n=32): expression \"'a' + n\": TypeError"), \
+        e.reason
+
+
+def test_dispatch_param_that_fails_to_evaluate_is_named(tmp_path):
+    """(fuzz-found: a raw ExprError escaped the loader)"""
+    text = toy_with('  flag: "1 == 0"', '  flag: "n // (n - 32) == 1"', TOY_RETILE)
+    e = spec_error(tmp_path, text, "dispatch_params.flag", line_of(text, '  flag: "n'))
+    assert e.reason == ("fails to evaluate for {'n': 32}: expression 'n // (n - 32) == 1': ZeroDivisionError: integer "
+                        "division or modulo by zero"), e.reason
+
+
+CONV_TEXT = (SPEC_DIR / "causal_conv1d_update.yaml").read_text()
+CONV_WHEN = "- when: \"contig and acc_dtype == 'none'\""
+
+
+@pytest.mark.parametrize("when, reason", [
+    ("contig and acc_dtype == 'nnone'", "`acc_dtype == 'nnone'` compares acc_dtype with 'nnone'"),
+    ("contig and 'nnone' == acc_dtype", "`'nnone' == acc_dtype` compares acc_dtype with 'nnone'"),
+    ("acc_dtype != 'nnone'", "`acc_dtype != 'nnone'` compares acc_dtype with 'nnone'"),
+    ("acc_dtype in ('none', 'int16')", "compares acc_dtype with 'int16'"),
+    ("acc_dtype not in ['none', 'int16']", "compares acc_dtype with 'int16'"),
+    ("'none' == acc_dtype == 'int16'", "compares acc_dtype with 'int16'"),  # chained: pair by pair
+    ("vec == 3", "compares vec with 3, a value it never takes (allowed: [1, 2, 4, 8])"),  # a tunable
+    ("contig == None", "compares contig with None"),
+    ("W in (2, -1)", "compares W with -1"),
+    ("contig and (\n  acc_dtype == 'nnone')", "`acc_dtype == 'nnone'`"),  # over lines
+])
+def test_rule_comparing_with_a_value_never_taken(tmp_path, when, reason):
+    text = CONV_TEXT.replace(CONV_WHEN, f"- when: {json.dumps(when)}")
+    line = line_of(text, "- when: ")
+    e = spec_error(tmp_path, text, "rules[0].when", line)
+    assert reason in e.reason, e.reason
+    assert "a value it never takes (allowed: [" in e.reason and "\n" not in str(e)
+
+
+def test_acc_dtype_typo_message(tmp_path):
+    """The whole message: file, line, key, the comparison, the name, the literal, the allowed values."""
+    text = CONV_TEXT.replace(CONV_WHEN, '- when: "contig and acc_dtype == \'nnone\'"')
+    line = line_of(text, "- when: ")
+    e = spec_error(tmp_path, text, "rules[0].when", line)
+    assert str(e) == (f"{tmp_path / 'bad.yaml'}:{line}: rules[0].when: `acc_dtype == 'nnone'` compares acc_dtype with "
+                      "'nnone', a value it never takes (allowed: ['none', 'int32', 'int64'])")
+
+
+def test_param_domain_values_may_be_compared(tmp_path):
+    """T lists 1..8 but its domain takes 1..64: 60 is a value T takes, 100 is not."""
+    load_spec_file(write(tmp_path, CONV_TEXT.replace(CONV_WHEN, '- when: "contig and T in (4, 60)"')))
+    text = CONV_TEXT.replace(CONV_WHEN, '- when: "contig and T in (4, 100)"')
+    e = spec_error(tmp_path, text, "rules[0].when", line_of(text, "- when: "))
+    assert "compares T with 100, a value it never takes (allowed: [1, 2, 3, 4, 5, 6, 7, 8] or an integer with " \
+           "1 <= T <= 64)" in e.reason, e.reason
+
+
+@pytest.mark.parametrize("when", [
+    "acc_dtype == 'none' and B == 7",  # a fact: no list
+    "spec_decode == 'yes'",  # a derived value: not read
+    "W < 100 and T > 1000",  # orderings are not read
+    "contig == 1",  # 1 == True
+    "W == 2.0",
+    "T == 60.0 or T in (True, 2)",  # equal to integers T's domain takes
+    "'int' in acc_dtype",  # the value's contents
+    "acc_dtype == none",  # Jinja's none: a name to Python, not a literal
+    "acc_dtype == 'nnone' and B is divisibleby 3",  # Jinja's own syntax: not read
+])
+def test_comparisons_not_read_still_load(tmp_path, when):
+    load_spec_file(write(tmp_path, CONV_TEXT.replace(CONV_WHEN, f"- when: {json.dumps(when)}")))
+
+
+@pytest.mark.parametrize("old, new, key, needle, reason", [
+    ('  - when: "flag and t == 2 and B < 20"', '  - when: "flag and t == 3 and B < 20"', "retile[0].when",
+     '  - when: "flag and', "`t == 3` compares t with 3"),
+    ('  flag: "1 == 0"', '  flag: "n == 33"', "dispatch_params.flag", '  flag: "n', "`n == 33` compares n with 33"),
+    ('  - expr: "per >= 32"', '  - expr: "per >= 32 or n in (32, 31)"', "constraints[0].expr", "  - expr: ",
+     "compares n with 31"),
+    ('  per: "n // t"', '  per: "n // t if n != 31 else 1"', "derived.per", "  per: ", "compares n with 31"),
+    ('grid: "B"', 'grid: "B if not flag == \'no\' else 1"', "launch.grid", "launch: ", "compares flag with 'no'"),
+])
+def test_other_expressions_comparing_with_a_value_never_taken(tmp_path, old, new, key, needle, reason):
+    text = toy_with(old, new, TOY_RETILE)
+    e = spec_error(tmp_path, text, key, line_of(text, needle))
+    assert reason in e.reason, e.reason
 
 
 def _first_valid_rule(spec, params, facts):
