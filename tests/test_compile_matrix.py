@@ -6,6 +6,9 @@ deterministically so that each of their values appears at least once; facts B in
 H=16, HV=64, num_sms=132. Variants are deduplicated and compiled directly (``Variant.build``,
 no cache) by a pool of 2 threads (NVRTC releases the GIL). The sets are built by session fixtures,
 not at import: enumerating them takes ~500k constraint checks, which collection must not pay.
+
+Test tiers (tests/conftest.py): each compile test runs over parts of its set (every SHARDS-th variant); the
+default tier runs one part of each, the full tier (GDNJIT_TEST_FULL=1) every part.
 """
 
 from __future__ import annotations
@@ -28,6 +31,12 @@ AXES = ("layout", "K", "V", "state_dtype")
 T_VALUES = (1, 8, 16)
 FACTS = [{"B": B, "H": 16, "HV": 64, "num_sms": 132} for B in (1, 512)]
 MAX_STATIC_SMEM = 48 * 1024
+SHARDS = 16
+
+
+def _part(variants: list, shard: int) -> list:
+    """Every SHARDS-th variant from ``shard`` on: the sets' order spreads each part over all their axes."""
+    return variants[shard::SHARDS]
 
 SPEC = get_spec("gdn")
 
@@ -123,28 +132,37 @@ def sets() -> dict:
     return {"dispatch": dispatch_variants(), "fallback": fallback, "uncovered": uncovered, "kinds": kind_variants()}
 
 
+class _Built(dict):
+    """{(params, tunables): meta or exception}, each variant compiled once, when a test first needs it."""
+
+    def need(self, variants) -> "_Built":
+        todo = [v for v in _dedup(variants) if (v.params, v.tunables) not in self]
+
+        def one(v: Variant):
+            try:
+                return v.build().meta
+            except Exception as e:  # noqa: BLE001 - reported per variant below
+                return e
+
+        t0 = time.perf_counter()
+        with concurrent.futures.ThreadPoolExecutor(2) as pool:
+            results = list(pool.map(one, todo))
+        elapsed = time.perf_counter() - t0
+        print(f"\ncompiled {len(todo)} variants in {elapsed:.1f} s")
+        self.update({(v.params, v.tunables): r for v, r in zip(todo, results)})
+        return self
+
+
 @pytest.fixture(scope="module")
-def built(sets):
-    """Compile the union of the sets once; {(params, tunables): meta or exception}."""
-    todo = _dedup(sets["dispatch"] + sets["fallback"] + sets["kinds"])
-
-    def one(v: Variant):
-        try:
-            return v.build().meta
-        except Exception as e:  # noqa: BLE001 - reported per variant below
-            return e
-
-    t0 = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        results = list(pool.map(one, todo))
-    elapsed = time.perf_counter() - t0
-    print(f"\ncompiled {len(todo)} variants in {elapsed:.1f} s")
-    return {(v.params, v.tunables): r for v, r in zip(todo, results)}
+def built():
+    """The variants of the sets compiled so far (a variant in two sets or two tests compiles once)."""
+    return _Built()
 
 
 def _problems(variants, built, spills: bool = True, others: bool = True) -> list[str]:
     """One line per variant that failed to compile or (``others``) has no registers, too much static
     smem or warnings, or (``spills``) spills or has a stack frame."""
+    built.need(variants)
     bad = []
     for v in variants:
         r = built[(v.params, v.tunables)]
@@ -190,29 +208,41 @@ def test_every_combination_has_a_fallback(sets):
     assert sets["uncovered"] == []
 
 
-def test_dispatch_variants_compile(sets, built):
+@pytest.mark.sample(1)
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_dispatch_variants_compile(sets, built, shard):
     """Every selected variant compiles, with registers, static smem within 48 KB and no warnings."""
-    bad = _problems(sets["dispatch"], built, spills=False)
-    assert not bad, f"{len(bad)} of {len(sets['dispatch'])} dispatch variants:\n" + "\n".join(bad)
+    part = _part(sets["dispatch"], shard)
+    bad = _problems(part, built, spills=False)
+    assert not bad, f"{len(bad)} of {len(part)} dispatch variants (part {shard}):\n" + "\n".join(bad)
 
 
-def test_dispatch_variants_do_not_spill(sets, built):
-    bad = _problems(sets["dispatch"], built, others=False)
-    assert not bad, f"{len(bad)} of {len(sets['dispatch'])} dispatch variants:\n" + "\n".join(bad)
+@pytest.mark.sample(1)
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_dispatch_variants_do_not_spill(sets, built, shard):
+    part = _part(sets["dispatch"], shard)
+    bad = _problems(part, built, others=False)
+    assert not bad, f"{len(bad)} of {len(part)} dispatch variants (part {shard}):\n" + "\n".join(bad)
 
 
-def test_fallback_variants_compile(sets, built):
-    bad = _problems(sets["fallback"], built)
-    assert not bad, f"{len(bad)} of {len(sets['fallback'])} fallback variants:\n" + "\n".join(bad)
+@pytest.mark.sample(1)
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_fallback_variants_compile(sets, built, shard):
+    part = _part(sets["fallback"], shard)
+    bad = _problems(part, built)
+    assert not bad, f"{len(bad)} of {len(part)} fallback variants (part {shard}):\n" + "\n".join(bad)
 
 
-def test_tuner_candidates_of_every_kind_compile_clean(sets, built):
+@pytest.mark.sample(1)
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_tuner_candidates_of_every_kind_compile_clean(sets, built, shard):
     """Chunk, mma and pipelined candidates: compile, no spills, no stack frame, no warnings (the spec's
     register constraints exclude the shapes that spilled)."""
     kinds = sets["kinds"]
     assert len(kinds) >= 100
-    bad = _problems(kinds, built)
-    assert not bad, f"{len(bad)} of {len(kinds)} candidate variants:\n" + "\n".join(bad)
+    part = _part(kinds, shard)
+    bad = _problems(part, built)
+    assert not bad, f"{len(bad)} of {len(part)} candidate variants (part {shard}):\n" + "\n".join(bad)
 
 
 def test_strided_slot_variants_of_the_tc_and_mma_forms_compile_clean():
@@ -227,8 +257,10 @@ def test_strided_slot_variants_of_the_tc_and_mma_forms_compile_clean():
         assert meta["spill_bytes"] == 0 and not meta["warnings"], (sd, T, form, meta)
 
 
+@pytest.mark.sample(1, cover=("arch",))
+@pytest.mark.parametrize("shard", range(SHARDS))
 @pytest.mark.parametrize("arch", ["sm_90", "sm_100a"])
-def test_tc_form_variants_compile_clean(arch):
+def test_tc_form_variants_compile_clean(arch, shard):
     """The tc form's register budget is tight (min blocks 5 / 6 / 7 per SM: docs/perf.md v13, v19, v20b): every tc
     kernel (update, output-only verify, the fused step and its flush, ReplaySSM's caching verify and commit) at each
     T 2..8 and V 64 / 128 / 256, dense and strided slots, both state dtypes, a bf16 state's 64- and 128-row tiles,
@@ -258,11 +290,13 @@ def test_tc_form_variants_compile_clean(arch):
         return None if m["spill_bytes"] == 0 and m["stack_bytes"] == 0 and not m["warnings"] else (v.describe(), m)
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        bad = [r for r in pool.map(one, todo) if r is not None]
+        bad = [r for r in pool.map(one, _part(todo, shard)) if r is not None]
     assert not bad, bad[:3]
 
 
-def test_engine_verify_variants_compile_clean():
+@pytest.mark.sample(1)
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_engine_verify_variants_compile_clean(shard):
     """SGLang's verify, chain and tree (its bf16 chain at T <= 4 in 1-warp CTAs asks for 18 CTAs per SM, a staged tree
     (fp32) for 32 warps per SM: docs/perf.md v21; at T > 4 that chain, and vLLM's bf16 spec verify in 1-warp CTAs, are
     capped at 96 registers: v22; vLLM's and SGLang's staged 4-lane chains ask for min blocks 1: v38, v39), vLLM's spec verify and FlashInfer's bf16 verifies (its per-token scatter capped at T 2..8: v23): the
@@ -304,7 +338,7 @@ def test_engine_verify_variants_compile_clean():
         return None if ok else (v.describe(), m)
 
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        bad = [r for r in pool.map(one, todo) if r is not None]
+        bad = [r for r in pool.map(one, _part(todo, shard)) if r is not None]
     assert not bad, bad[:3]
     assert any(dict(v.values)["min_blocks"] == 18 for v in todo)  # the bf16 chain's 1-warp variant
     assert any(dict(v.values)["min_blocks"] == 4 and dict(v.params)["tree"] for v in todo)  # the B = 1 fp32 tree's

@@ -124,6 +124,7 @@ ENGINE_CASES = [
 ]
 
 
+@pytest.mark.sample(3)  # ~2.3 s a case
 @pytest.mark.parametrize("case", range(len(ENGINE_CASES)))
 def test_engine_variants_compile_without_spills(case):
     """Each engine convention's variants (as dispatched at B 1 / 128 / 512, T 1 / 4 / 8, both state dtypes) compile

@@ -131,10 +131,12 @@ def dump(doc: dict) -> str:
 
 
 def gdn_doc() -> dict:
-    return yaml.safe_load(GDN_TEXT)
+    # libyaml's safe loader (the shipped file reads the same both ways: test_shipped_yaml_loads_alike_with_libyaml):
+    # ~10x faster, and this runs at collection time
+    return yaml.load(GDN_TEXT, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # noqa: S506 - a safe loader
 
 
-GDN = yaml.safe_load(GDN_TEXT)
+GDN = gdn_doc()
 # a rule with `when` at index >= 1, and its use mapping
 R = next(i for i, r in enumerate(GDN["rules"]) if i >= 1 and r.get("when"))
 R_USE = GDN["rules"][R]["use"]

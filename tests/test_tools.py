@@ -172,6 +172,7 @@ def test_ncu_segments_cuts_at_barriers(tmp_path, capsys):
     assert "expected ncu's source page as CSV" in capsys.readouterr().err
 
 
+@pytest.mark.full  # ~13 pytest collections in subprocesses (25 s)
 def test_gpu_tests_groups_partition_the_gpu_selection():
     """tools/gpu_tests.sh's groups (run side by side) and its big_memory stage (alone after them) select every test
     `pytest -m gpu` selects, each once: a group edit that drops or doubles tests shows here, not on the device."""

@@ -32,6 +32,8 @@ BASE_PARAMS = dict(
 )
 BASE_TUNABLES = dict(lanes_per_row=8, ilp=2, tile_v=32)
 SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# hypothesis tests: at depth in the full test tier (GDNJIT_TEST_FULL=1, tests/conftest.py), a sample by default
+FULL_TIER = os.environ.get("GDNJIT_TEST_FULL", "").strip() not in ("", "0")
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +277,7 @@ _scalars = st.one_of(
 )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300 if FULL_TIER else 60, deadline=None)
 @given(a=_scalars, b=_scalars)
 def test_scalar_keys_equal_iff_type_and_value_equal(variant, a, b):
     fa = dict(variant.key_fields, params={**variant.key_fields["params"], "x": a})
@@ -407,7 +409,7 @@ def test_entry_name_keeps_a_safe_slug_verbatim():
     assert entry_name("", key) == "entry-" + "f" * 32
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200 if FULL_TIER else 60, deadline=None)
 @given(slug=st.text(max_size=200))
 def test_entry_name_safe_for_any_slug(slug):
     key = "0123456789abcdef" * 4

@@ -228,6 +228,7 @@ def test_sglang_errors(kw, exc, msg):
                                                       cu_seqlens=torch.arange(5, dtype=torch.int32), **kw)
 
 
+@pytest.mark.full  # 15 s of dynamo tracing (test_torch_ops traces the ops themselves in the default tier)
 def test_compat_calls_trace_under_torch_compile():
     """Both engines' calls under torch.compile(fullgraph=True) (the engine_step custom op; CPU: its reference) give the
     eager call's outputs, pool and ReplaySSM rings."""
