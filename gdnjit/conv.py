@@ -21,7 +21,7 @@ PAD_SLOT_ID = -1
 _FLOATS = tuple(_v.FLOAT_NAMES)
 
 
-def _prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens, query_start_loc,
+def prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens, query_start_loc,
              max_query_len, pad_slot_id, out, require_cuda: bool = True):
     """All argument checks; returns (out, the named call or None when there is nothing to launch)."""
     (_v.cuda_tensor if require_cuda else _v.tensor)("x", x)
@@ -144,7 +144,7 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
     is validated. Out-of-range indices stop the kernel (``GDNJIT_CHECK_INDICES=1``: an IndexError).
     """
     unsupported(block_idx_last_scheduled_token, initial_state_idx, retrieve_parent_token)
-    out, call = _prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens,
+    out, call = prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_accepted_tokens,
                          query_start_loc, max_query_len, pad_slot_id, out)
     if call is not None:
         RUNNER.launch(call)
@@ -184,7 +184,7 @@ def example_call(params: dict, facts: dict, device):
     qsl = torch.arange(0, B * T + 1, T, device=device, dtype=ix["qsl_dtype"]) if ix["qsl_dtype"] else None
     if x.dim() == 3 and T == 1:
         x = x[:, :, 0]
-    out, call = _prepare(x, state, weight, bias, params["silu"], idx, acc, qsl, T, PAD_SLOT_ID, None)
+    out, call = prepare(x, state, weight, bias, params["silu"], idx, acc, qsl, T, PAD_SLOT_ID, None)
     if dict(call.params) != dict(params):
         raise ValueError(f"causal_conv1d_update example: the inputs give params {call.params}, not {params}")
     return call, (x, state, weight, bias, idx, acc, qsl, out)

@@ -17,36 +17,12 @@ from typing import Any, Callable, Mapping
 
 import sys
 
+from .expr_common import GLOBALS, MAX_PLAIN_DEPTH, ExprError, wave_fill_pct  # noqa: F401 - expr's names
 
-def wave_fill_pct(ctas: int, slots: int) -> int:
-    """How full, in whole percent (rounded down), ``ctas`` CTAs keep the ``ceil(ctas / slots)`` waves of ``slots``
-    they need: 100 for an exact multiple, 54 for 144 CTAs on 132 SMs (docs/perf.md v16b, v16d); 100 when there
-    are no CTAs. Integer arithmetic, so ``wave_fill_pct(n, s) < 90`` is exactly ``10 n < 9 s ceil(n / s)``."""
-    ctas, slots = int(ctas), int(slots)
-    if ctas <= 0:
-        return 100
-    if slots <= 0:
-        raise ValueError(f"wave_fill_pct: slots must be positive, got {slots}")
-    return 100 * ctas // (slots * -(-ctas // slots))
-
-
-GLOBALS = dict(min=min, max=max, abs=abs, int=int, len=len, wave_fill_pct=wave_fill_pct)  # what expressions may call
 _FAST_GLOBALS = {"__builtins__": {}, **GLOBALS}
 # Jinja's own default globals (jinja2.defaults.DEFAULT_NAMESPACE; a test keeps this list true): a text naming
 # one is left to Jinja, and none is a free name
 _JINJA_GLOBALS = frozenset({"range", "dict", "lipsum", "cycler", "joiner", "namespace"})
-
-
-def __getattr__(name):
-    if name == "_ENV":  # the Jinja environment, created on first use (tests and the Jinja path)
-        from .expr_jinja import ENV
-
-        return ENV
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-class ExprError(ValueError):
-    """An expression failed to parse or to evaluate."""
 
 
 # The common subset that Python and Jinja parse and evaluate alike: names, numbers and strings, tuples and
@@ -90,7 +66,7 @@ def _fast(text: str):
             if not isinstance(node.func, ast.Name) or node.func.id not in _FAST_GLOBALS or node.keywords or \
                     any(isinstance(a, ast.Starred) for a in node.args):
                 return None
-    if sum(map(text.count, "([{")) > _MAX_PLAIN_DEPTH:
+    if sum(map(text.count, "([{")) > MAX_PLAIN_DEPTH:
         return None
     return compile(tree, "<gdnjit expression>", "eval"), frozenset(names - set(GLOBALS))
 
@@ -152,9 +128,6 @@ def compile_expr(text: str) -> Callable[..., Any]:
     from .expr_jinja import compile_text
 
     return compile_text(text)
-
-
-_MAX_PLAIN_DEPTH = 32  # Jinja's generated Python nests ~2 parentheses a level; Python allows 200
 
 
 @functools.lru_cache(maxsize=4096)

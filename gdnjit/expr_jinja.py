@@ -9,7 +9,7 @@ import jinja2.sandbox
 from jinja2 import nodes
 from jinja2.parser import Parser
 
-from .expr import GLOBALS, ExprError, _MAX_PLAIN_DEPTH
+from .expr_common import GLOBALS, MAX_PLAIN_DEPTH, ExprError
 
 ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined)
 ENV.globals.update(GLOBALS)
@@ -42,7 +42,7 @@ class _NotPlain(Exception):
 
 def _plain_names(node: nodes.Node, depth: int = 0) -> bool:
     """Whether ``node`` reads a name; raises _NotPlain unless compiling it cannot fail (see above)."""
-    if depth > _MAX_PLAIN_DEPTH or not isinstance(node, _PLAIN_NODES):
+    if depth > MAX_PLAIN_DEPTH or not isinstance(node, _PLAIN_NODES):
         raise _NotPlain
     if isinstance(node, nodes.Call) and (node.kwargs or node.dyn_args or node.dyn_kwargs):
         raise _NotPlain
@@ -84,7 +84,7 @@ def check_text(text: str, compile_expr) -> frozenset[str]:
         raise ExprError(f"syntax error in expression {text!r}: {e.message}") from None
     try:
         _plain_names(node)
-        if sum(map(text.count, "([{")) > _MAX_PLAIN_DEPTH:  # deep brackets: the compile's own parse may recurse
+        if sum(map(text.count, "([{")) > MAX_PLAIN_DEPTH:  # deep brackets: the compile's own parse may recurse
             raise _NotPlain                                 # too deep (parentheses make no nodes to count)
     except _NotPlain:
         compile_expr(text)

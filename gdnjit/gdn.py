@@ -24,41 +24,27 @@ import torch
 from . import guard as _guard
 from . import recovery as _recovery
 from . import validate as _v
+from .call_mode import CallMode
 from .config import get_config
 from .errors import DtypeError
-from .runner import RUNNER, KernelCall, launch_on, remember, supports_pdl
-from .spec import get_spec
+from .gdn_core import (IN_DTYPES, MAX_T, NATIVE_CONVENTIONS, OUT_DTYPES, SPEC, STATE_DTYPES, SUPPORTED_DIMS,
+                       check_indices, launch_device, uses_pdl)
+from .gdn_engine import engine_step
+from .runner import RUNNER, launch_on, remember
 
-SUPPORTED_DIMS = (64, 128, 256)
-MAX_T = 16
-_IN_DTYPES = (torch.bfloat16, torch.float16)
-_STATE_DTYPES = (torch.float32, torch.bfloat16)
-_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-_SOFTPLUS_BETA = 1.0
-_SOFTPLUS_THRESHOLD = 20.0
-# The engine-convention params of the gdn spec (gdnjit/gdn_engine.py sets them) at their native values.
-NATIVE_CONVENTIONS = dict(varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
-                          null_slot="negative", padding="skip", gates="raw", replay_cache=False, replay=False,
-                          track=False, fused_step="none", write_once=False)
+__all__ = ["gated_delta_rule_decode_pretranspose", "gated_delta_rule_decode", "gated_delta_rule_mtp", "run",
+           "prepare", "MAX_T", "SUPPORTED_DIMS", "NATIVE_CONVENTIONS"]
 
+# FlashInfer's decode and multi-token calls: the pointers this mode passes per call, by name.
+NATIVE = CallMode(SPEC, "native", ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "write_idx",
+                                   "out", "inter", "ssm_idx"))
+_OUT = NATIVE.pointers.index("out")
 
-def _check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device, like: Optional[torch.Tensor] = None):
-    _v.tensor(name, idx, 1)  # required here (index_tensor takes None as "absent")
-    _v.index_tensor(name, idx, B, device)
-    if like is not None and idx.dtype != like.dtype:
-        raise DtypeError(f"{name}: expected the same dtype as initial_state_indices ({like.dtype}), got {idx.dtype}")
-
-
-_fast: dict = RUNNER.memo()  # call signature -> (BoundLaunch, output shape, device); see _run
+_fast: dict = RUNNER.memo()  # call signature -> (BoundLaunch, output shape, device); see run
 _FAST_MAX = 4096
 # flags + which optionals are present -> [(guard, (BoundLaunch, output shape, device)), ...], most recent first
 _guarded: dict = RUNNER.memo()
 _GUARDS_PER_KEY = 4
-# The kernel arguments a bound launch takes per call, in the order _run gathers them (the runner checks
-# them against the spec's leading pointer args by name when it binds).
-_POINTERS = ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "write_idx", "out", "inter", "ssm_idx",
-             "cu", "acc", "parent", "inter_idx", "rk", "rv", "rg", "rb", "trk_idx", "trk_step", "ctl")
-_OUT = _POINTERS.index("out")
 
 
 def _meta(x):
@@ -66,15 +52,8 @@ def _meta(x):
     return x.shape, x.stride(), x.dtype, x.get_device()
 
 
-def uses_pdl(device_index: int) -> bool:
-    """Whether gdn kernels are launched with programmatic dependent launch on this device: GDNJIT_PDL
-    on and sm_90+. Every gdn kernel waits (griddepcontrol.wait) before its first load or store, so it
-    may overlap the end of the previous kernel (its L2 state prefetch runs before the wait)."""
-    return get_config().pdl and supports_pdl(device_index)
-
-
-def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-         update: bool, l2norm: bool, direct: bool, zero_padding: bool = True, write_once: bool = False) -> torch.Tensor:
+def run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
+        update: bool, l2norm: bool, direct: bool, zero_padding: bool = True, write_once: bool = False) -> torch.Tensor:
     """Validate, then launch one kernel. ``pool`` is the direct state when ``direct``.
 
     Hot path: every check depends only on tensor metadata (shape, strides, dtype, device, pointer
@@ -88,14 +67,15 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
     """
     config = RUNNER.sync()  # a replaced configuration drops the memos below
     try:
+        # NATIVE's pointers, in its order
         ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(), dt_bias.data_ptr(),
                 b.data_ptr(), pool.data_ptr(), 0 if read_idx is None else read_idx.data_ptr(),
                 0 if write_idx is None else write_idx.data_ptr(), 0 if output is None else output.data_ptr(),
-                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr(), 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                0 if inter is None else inter.data_ptr(), 0 if ssm is None else ssm.data_ptr())
         # types too: True == 1 == 1.0 hash alike, and a bool scale / int flag must still be refused
         gkey = (layout, direct, update, l2norm, type(l2norm), scale, type(scale),
                 (ptrs[0] | ptrs[1] | ptrs[7] | ptrs[11]) & 15, read_idx is None, write_idx is None, output is None,
-                inter is None, ssm is None, zero_padding, write_once)
+                inter is None, ssm is None, zero_padding, write_once)  # the alignment of q, k, state, inter
         hit = None
         guards = _guarded.get(gkey)
         if guards is not None:
@@ -123,14 +103,15 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
         if output is None:
             output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
             ptrs = ptrs[:_OUT] + (output.data_ptr(),) + ptrs[_OUT + 1:]
+        ptrs = NATIVE.pack(*ptrs)
     else:
-        output, call = _prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output,
-                                inter, ssm, update, l2norm, direct, zero_padding=zero_padding, write_once=write_once)
+        output, call = prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output,
+                               inter, ssm, update, l2norm, direct, zero_padding=zero_padding, write_once=write_once)
         if call is None:
             return output
         dev = call.device
-        bound = RUNNER.bind(call, _POINTERS)
-        ptrs = tuple(call.args[n] for n in _POINTERS)
+        bound = RUNNER.bind(call)
+        ptrs = NATIVE.pointer_values(call)
         # no guard yet: the second call with this metadata adds one (a signature hit, above), so a
         # process that calls once pays neither a guard nor torch's guard self-test (~9 ms, first call)
         remember(_fast, sig, (bound, tuple(output.shape), dev), config, _FAST_MAX)
@@ -140,7 +121,7 @@ def _run(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, 
 
 def _slots(q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, output, inter, ssm):
     """The tensors a guard checks: the eight every call has, then the optional ones present. Which ones are
-    present is part of the guard's key (``gkey`` in :func:`_run`), so one guard always sees the same slots
+    present is part of the guard's key (``gkey`` in :func:`run`), so one guard always sees the same slots
     (a checked slot costs ~0.08 us on the dev CPU, so absent ones are left out)."""
     s = (q, k, v, A_log, a, dt_bias, b, pool)
     if read_idx is not None:
@@ -184,9 +165,9 @@ def _signature_hit(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_
     return _fast.get(sig), sig
 
 
-def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
-             update: bool, l2norm: bool, direct: bool, require_cuda: bool = True, zero_padding: bool = True,
-             write_once: bool = False):
+def prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
+            update: bool, l2norm: bool, direct: bool, require_cuda: bool = True, zero_padding: bool = True,
+            write_once: bool = False):
     """All argument checks; returns (output, the named :class:`~gdnjit.runner.KernelCall`, or None if B == 0).
 
     ``require_cuda=False`` lets CPU tests exercise every other check with CPU tensors (the call is then
@@ -196,7 +177,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     """
     # --- inputs ---------------------------------------------------------------------------
     (_v.cuda_tensor if require_cuda else _v.tensor)("q", q, 4)
-    _v.dtype_in("q", q, _IN_DTYPES)
+    _v.dtype_in("q", q, IN_DTYPES)
     B, T, H, K = q.shape
     device = q.device
     if K not in SUPPORTED_DIMS:
@@ -233,7 +214,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     # --- state / pool ----------------------------------------------------------------------
     sname = "state" if direct else "initial_state"
     _v.tensor(sname, pool, 4)
-    _v.dtype_in(sname, pool, _STATE_DTYPES)
+    _v.dtype_in(sname, pool, STATE_DTYPES)
     _v.same_device(sname, pool, device)
     trailing = (HV, V, K) if layout == "klast" else (HV, K, V)
     what = "[B, HV, V, K]" if layout == "klast" else "[B, HV, K, V]"
@@ -264,11 +245,11 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     if direct:
         idx_dtype, same_pool = "int32", True
     else:
-        _check_indices("initial_state_indices", read_idx, B, device)
+        check_indices("initial_state_indices", read_idx, B, device)
         idx_dtype = _v.INDEX_NAMES[read_idx.dtype]
         same_pool = write_idx is None
         if write_idx is not None:
-            _check_indices("output_state_indices", write_idx, B, device, like=read_idx)
+            check_indices("output_state_indices", write_idx, B, device, like=read_idx)
 
     if not update and write_idx is not None:
         raise ValueError("output_state_indices: has no effect with disable_state_update=True; pass None")
@@ -276,7 +257,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     inter_dtype = "none"
     if inter is not None:
         _v.tensor("intermediate_states_buffer", inter, 5)
-        _v.dtype_in("intermediate_states_buffer", inter, _STATE_DTYPES)
+        _v.dtype_in("intermediate_states_buffer", inter, STATE_DTYPES)
         _v.same_device("intermediate_states_buffer", inter, device)
         if inter.shape[0] < B or inter.shape[1] < T or tuple(inter.shape[2:]) != trailing:
             raise ValueError(
@@ -306,7 +287,7 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
     if output is None:
         output = torch.empty((B, T, HV, V), dtype=q.dtype, device=device)
     else:
-        _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", _OUT_DTYPES, device)
+        _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", OUT_DTYPES, device)
     if B == 0:
         return output, None
 
@@ -320,8 +301,8 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
                   out_dtype=_v.FLOAT_NAMES[output.dtype], state_dtype=_v.FLOAT_NAMES[pool.dtype],
                   dtb_dtype=_v.FLOAT_NAMES[dt_bias.dtype], pool=not direct, idx_dtype=idx_dtype, same_pool=same_pool,
                   inter_dtype=inter_dtype, ssm_idx_dtype=ssm_dtype, update=update, l2norm=l2norm,
-                  slot_strided=slot_strided, **dict(NATIVE_CONVENTIONS, write_once=write_once and ssm is not None))
-    dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
+                  slot_strided=slot_strided, write_once=write_once and ssm is not None)
+    dev = launch_device(device, require_cuda)
     (q_sn, q_st, q_sh), (k_sn, k_st, k_sh), (v_sn, v_st, v_sh) = q.stride()[:3], k.stride()[:3], v.stride()[:3]
     (a_sn, a_st, a_sh), (b_sn, b_st, b_sh), (o_sn, o_st, o_sh) = a.stride(), b.stride(), output.stride()[:3]
     ssm_sn, ssm_st = (0, 0) if ssm is None else ssm.stride()
@@ -330,23 +311,19 @@ def _prepare(layout: str, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_i
         dt_bias=dt_bias.data_ptr(), b=b.data_ptr(), state=pool.data_ptr(),
         read_idx=0 if direct else read_idx.data_ptr(), write_idx=0 if write_idx is None else write_idx.data_ptr(),
         out=output.data_ptr(), inter=0 if inter is None else inter.data_ptr(), ssm_idx=0 if ssm is None else ssm.data_ptr(),
-        cu=0, acc=0, parent=0, inter_idx=0, rk=0, rv=0, rg=0, rb=0, trk_idx=0, trk_step=0, ctl=0,
         slot_stride=slot_stride, pool_size=pool_size, q_sn=q_sn, q_st=q_st, q_sh=q_sh, k_sn=k_sn, k_st=k_st, k_sh=k_sh,
         v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,
-        B=B, H=H, HV=HV, scale=scale, softplus_beta=_SOFTPLUS_BETA, softplus_threshold=_SOFTPLUS_THRESHOLD,
-        zero_padding=int(bool(zero_padding)), s_head=s_head, s_row=s_row,
-        read_sn=0 if direct else read_idx.stride(0), read_cols=1, parent_sn=0,
-        inter_rows=0 if inter is None else inter.shape[0], layer_rows=0, layer_slots=0,
-        gate_sh=A_log.stride(0), dtb_sh=dt_bias.stride(0), beta_round=0, rc_len=0, min_slot=0,
+        B=B, H=H, HV=HV, scale=scale, zero_padding=int(bool(zero_padding)), s_head=s_head, s_row=s_row,
+        read_sn=0 if direct else read_idx.stride(0), inter_rows=0 if inter is None else inter.shape[0],
+        gate_sh=A_log.stride(0), dtb_sh=dt_bias.stride(0),
     )
-    call = KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
-                      pdl=uses_pdl(dev) if require_cuda else False)
+    call = NATIVE.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
     return output, call
 
 
-_BACKENDS_PRETRANSPOSE = ("auto", "flashinfer", "cake_gdn", "rubin")
-_BACKENDS_DECODE = ("auto", "flashinfer", "cake_gdn")
+BACKENDS_PRETRANSPOSE = ("auto", "flashinfer", "cake_gdn", "rubin")
+BACKENDS_DECODE = ("auto", "flashinfer", "cake_gdn")
 
 
 def check_backend(backend, allowed: Tuple[str, ...]) -> None:
@@ -432,8 +409,8 @@ def gated_delta_rule_decode_pretranspose(
     frozen, zero_padding = pretranspose_flags(q, initial_state, output, intermediate_states_buffer,
                                               disable_state_update, backend)
     pool, read, write, direct = pool_args(state, initial_state, initial_state_indices, output_state_indices)
-    out = _run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
-               None, not frozen, use_qk_l2norm, direct=direct, zero_padding=zero_padding)
+    out = run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
+              None, not frozen, use_qk_l2norm, direct=direct, zero_padding=zero_padding)
     return out, pool
 
 
@@ -442,7 +419,7 @@ def pretranspose_flags(q, initial_state, output, intermediate_states_buffer, dis
     """(frozen, zero_padding) of a ``decode_pretranspose`` call under FlashInfer 0.7.2's conventions (the eager
     function and its torch op alike): backend checked; at T = 1 no buffer and no frozen state; None freezes
     an fp32 pool at T > 1 only; padding rows are zeroed at T = 1 or in an output allocated here."""
-    check_backend(backend, _BACKENDS_PRETRANSPOSE)
+    check_backend(backend, BACKENDS_PRETRANSPOSE)
     T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
     fp32_pool = isinstance(initial_state, torch.Tensor) and initial_state.dtype == torch.float32
     frozen = disable_flag(disable_state_update, frozen_if_none=fp32_pool and T > 1)
@@ -465,7 +442,7 @@ def check_discarded_output(q, v, output) -> None:
     """A caller's ``output`` that ``disable_output`` leaves unwritten is still checked as the kernel would check it."""
     if output is not None and isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 \
             and v.dim() == 4:
-        _v.given_output(output, (q.shape[0], q.shape[1], v.shape[2], v.shape[3]), "[B, T, HV, V]", _OUT_DTYPES,
+        _v.given_output(output, (q.shape[0], q.shape[1], v.shape[2], v.shape[3]), "[B, T, HV, V]", OUT_DTYPES,
                         q.device)
 
 
@@ -511,11 +488,11 @@ def gated_delta_rule_decode(
     arguments; T may be 1..16. ``backend``: ``"auto"`` / ``"flashinfer"``; ``"cake_gdn"``:
     NotImplementedError. Returns ``(output, state)``.
     """
-    check_backend(backend, _BACKENDS_DECODE)
+    check_backend(backend, BACKENDS_DECODE)
     if state is None:
         raise ValueError("state: expected the direct state [B, HV, K, V], got None")
-    out = _run("kmajor", q, k, v, A_log, a, dt_bias, b, state, None, None, scale, output, None, None, True,
-               use_qk_l2norm, direct=True)
+    out = run("kmajor", q, k, v, A_log, a, dt_bias, b, state, None, None, scale, output, None, None, True,
+              use_qk_l2norm, direct=True)
     return out, state
 
 
@@ -537,13 +514,14 @@ def replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, 
     return tuple(x for _, x in named)
 
 
-def replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
-                  intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
-                  output_state_indices, caches) -> Tuple[torch.Tensor, torch.Tensor]:
-    """``gated_delta_rule_mtp(cache_replayssm=True)`` (FlashInfer's caching verify) run by ``engine_step`` (the eager
-    function or its torch op), after FlashInfer's contract is checked: the pool frozen, no per-token state buffer or
-    scatter, every tensor's base address 16-byte aligned, ``output_state_indices`` checked (and unused: the verify
-    writes no slot); the engine step checks everything else. Returns ``(output, initial_state)``."""
+def replay_verify_call(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
+                       intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
+                       output_state_indices, caches) -> Tuple[tuple, dict]:
+    """``gated_delta_rule_mtp(cache_replayssm=True)`` (FlashInfer's caching verify) as an engine step: FlashInfer's
+    contract is checked here (the pool frozen, no per-token state buffer or scatter, every tensor's base address
+    16-byte aligned, ``output_state_indices`` checked and unused: the verify writes no slot) and the step's
+    ``(args, kwargs)`` are returned; the caller runs them through its engine step (the eager
+    :func:`gdnjit.gdn_engine.engine_step`, or the torch op), whose own checks cover everything else."""
     if not disable_flag(disable_state_update, frozen_if_none=True):
         raise ValueError("disable_state_update: must be true with cache_replayssm (the verify leaves the checkpoint "
                          "for the commit to advance)")
@@ -565,12 +543,11 @@ def replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_
             raise ValueError(f"{name}: cache_replayssm needs a 16-byte aligned base address (FlashInfer's contract), "
                              f"got {hex(x.data_ptr())}")
     if output_state_indices is not None and isinstance(initial_state_indices, torch.Tensor):
-        _check_indices("output_state_indices", output_state_indices, initial_state_indices.shape[0],
-                       initial_state_indices.device, like=initial_state_indices)
-    out = engine_step(q, k, v, A_log, a, dt_bias, b, initial_state, T=T, read_idx=initial_state_indices, update=False,
-                      scale=scale, l2norm=use_qk_l2norm, output=output, replay_cache=caches,
-                      zero_padding=output is None)
-    return out, initial_state
+        check_indices("output_state_indices", output_state_indices, initial_state_indices.shape[0],
+                      initial_state_indices.device, like=initial_state_indices)
+    return ((q, k, v, A_log, a, dt_bias, b, initial_state),
+            dict(T=T, read_idx=initial_state_indices, update=False, scale=scale, l2norm=use_qk_l2norm, output=output,
+                 replay_cache=caches, zero_padding=output is None))
 
 
 def gated_delta_rule_mtp(
@@ -636,20 +613,19 @@ def gated_delta_rule_mtp(
     """
     caches = replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
     if caches is not None:
-        from .gdn_engine import engine_step
-
         no_recovery(accepted_steps, recovery_steps, disable_output)
-        return replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale,
-                             output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
-                             use_qk_l2norm, output_state_indices, caches)
+        args, kwargs = replay_verify_call(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale,
+                                          output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
+                                          use_qk_l2norm, output_state_indices, caches)
+        return engine_step(*args, **kwargs), initial_state
     frozen, zero_padding = mtp_flags(output, disable_state_update)
     rec = _recovery.plan(q, initial_state_indices, output_state_indices, ssm_state_indices, intermediate_states_buffer,
                          frozen, accepted_steps, recovery_steps, disable_output)
     if rec.scratch_output:
         check_discarded_output(q, v, output)
-    out = _run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, rec.write_idx,
-               scale, None if rec.scratch_output else output, intermediate_states_buffer, rec.ssm, not frozen,
-               use_qk_l2norm, direct=False, zero_padding=zero_padding or rec.scratch_output, write_once=rec.write_once)
+    out = run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, rec.write_idx,
+              scale, None if rec.scratch_output else output, intermediate_states_buffer, rec.ssm, not frozen,
+              use_qk_l2norm, direct=False, zero_padding=zero_padding or rec.scratch_output, write_once=rec.write_once)
     if rec.scratch_output and output is not None:
         out = output
     return out, initial_state
@@ -684,6 +660,6 @@ def example_call(params: dict, facts: dict, device) -> Tuple[object, tuple]:
     if params["inter_dtype"] != "none":
         inter = torch.empty(B, T, *trailing, device=device, dtype=dt[params["inter_dtype"]])
     out = torch.empty(B, T, HV, V, device=device, dtype=dt[params["out_dtype"]])
-    _, call = _prepare(params["layout"], q, k, v, A_log, a, dt_bias, b, pool, read, write, None, out, inter, ssm,
-                       params["update"], params["l2norm"], not params["pool"])
+    _, call = prepare(params["layout"], q, k, v, A_log, a, dt_bias, b, pool, read, write, None, out, inter, ssm,
+                      params["update"], params["l2norm"], not params["pool"])
     return call, (q, k, v, a, b, A_log, dt_bias, pool, read, write, inter, ssm, out)

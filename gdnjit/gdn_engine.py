@@ -28,23 +28,22 @@ from typing import Optional
 import torch
 
 from . import validate as _v
+from .call_mode import CallMode
 from .errors import DtypeError
-from .gdn import MAX_T, SUPPORTED_DIMS, _POINTERS, _IN_DTYPES, _OUT_DTYPES, _STATE_DTYPES, uses_pdl
-from .runner import RUNNER, KernelCall, launch_on, remember
-from .spec import get_spec
+from .gdn_core import IN_DTYPES, MAX_T, OUT_DTYPES, SPEC, STATE_DTYPES, SUPPORTED_DIMS, launch_device, uses_pdl
+from .gdn_core import ptr as _ptr
+from .gdn_core import signature as _sig
+from .runner import RUNNER, launch_on, remember
 
+__all__ = ["engine_step", "prepare", "ENGINE"]
+
+# The engines' step: the pointers it passes per call, by name (the ReplaySSM caches: rk / rv the raw k / v).
+ENGINE = CallMode(SPEC, "engine", ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "out", "inter",
+                                   "ssm_idx", "cu", "acc", "parent", "inter_idx", "rk", "rv", "rg", "rb"))
 _memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, output shape, device)
 _MEMO_MAX = 1024
 _NULL_SLOTS = ("negative", "nonpositive")
 _PADDINGS = ("skip", "zero_state")
-
-
-def _sig(x):
-    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
-
-
-def _ptr(x) -> int:
-    return 0 if x is None else x.data_ptr()
 
 
 def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor,
@@ -77,9 +76,10 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     beta = sigmoid(b) rounded to q's dtype before use (SGLang's packed decode; T = 1 only); False: fp32.
     """
     config = RUNNER.sync()
-    rc = replay_cache if isinstance(replay_cache, tuple) and len(replay_cache) == 4 else (None,) * 4
+    rawv, rawk, g_cache, beta_cache = (replay_cache if isinstance(replay_cache, tuple) and len(replay_cache) == 4
+                                       else (None,) * 4)
     tensors = (q, k, v, A_log, a, dt_bias, b, state, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx,
-               parent, output) + rc
+               parent, output, rawv, rawk, g_cache, beta_cache)
     try:
         sig = (tuple(_sig(x) for x in tensors), T, bounded, type(bounded), update, type(update), null_slot, padding,
                gates, scale, type(scale), zero_padding, type(zero_padding), replay_cache is None,
@@ -89,24 +89,22 @@ def engine_step(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, A_log: torch.
     except (AttributeError, TypeError, RuntimeError):  # a non-tensor argument: the checks below report it
         sig = hit = None
     if hit is None:
-        output, call = _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx,
-                                inter, inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm,
-                                softplus_beta,
-                                softplus_threshold, output, replay_cache=replay_cache, zero_padding=zero_padding,
-                                round_beta=round_beta)
+        output, call = prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx,
+                               inter, inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm,
+                               softplus_beta, softplus_threshold, output, replay_cache=replay_cache,
+                               zero_padding=zero_padding, round_beta=round_beta)
         if call is None:
             return output
-        bound, dev = RUNNER.bind(call, _POINTERS), call.device
+        bound, dev = RUNNER.bind(call), call.device
         remember(_memo, sig, (bound, tuple(output.shape), dev), config, _MEMO_MAX)
     else:
         bound, out_shape, dev = hit
         if output is None:
             output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    ptrs = (q.data_ptr(), k.data_ptr(), v.data_ptr(), _ptr(A_log), a.data_ptr(), _ptr(dt_bias),
-            b.data_ptr(), state.data_ptr(), read_idx.data_ptr(), 0, output.data_ptr(), _ptr(inter), _ptr(ssm_idx),
-            _ptr(cu_seqlens), _ptr(num_accepted), _ptr(parent), _ptr(inter_idx), _ptr(rc[1]), _ptr(rc[0]), _ptr(rc[2]),
-            _ptr(rc[3]), 0, 0, 0)
-    launch_on(dev, bound, ptrs)
+    launch_on(dev, bound, ENGINE.pack(
+        q.data_ptr(), k.data_ptr(), v.data_ptr(), _ptr(A_log), a.data_ptr(), _ptr(dt_bias), b.data_ptr(),
+        state.data_ptr(), read_idx.data_ptr(), output.data_ptr(), _ptr(inter), _ptr(ssm_idx), _ptr(cu_seqlens),
+        _ptr(num_accepted), _ptr(parent), _ptr(inter_idx), _ptr(rawk), _ptr(rawv), _ptr(g_cache), _ptr(beta_cache)))
     return output
 
 
@@ -139,12 +137,12 @@ def _int32_vector(name: str, x: torch.Tensor, n: int, device) -> None:
         raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
 
 
-def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx,
-             parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta, softplus_threshold, output,
-             require_cuda: bool = True, replay_cache=None, zero_padding: bool = True, round_beta: bool = False):
+def prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter, inter_idx,
+            parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta, softplus_threshold, output,
+            require_cuda: bool = True, replay_cache=None, zero_padding: bool = True, round_beta: bool = False):
     """Every check; (output, KernelCall or None when there is no request). ``require_cuda=False``: CPU tests."""
     (_v.cuda_tensor if require_cuda else _v.tensor)("q", q, 4)
-    _v.dtype_in("q", q, _IN_DTYPES)
+    _v.dtype_in("q", q, IN_DTYPES)
     device = q.device
     lead = tuple(q.shape[:2])
     H, K = q.shape[2], q.shape[3]
@@ -208,7 +206,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
 
     # --- state pool -------------------------------------------------------------------------
     _v.tensor("initial_state", state, 4)
-    _v.dtype_in("initial_state", state, _STATE_DTYPES)
+    _v.dtype_in("initial_state", state, STATE_DTYPES)
     _v.same_device("initial_state", state, device)
     if tuple(state.shape[1:]) != (HV, V, K):
         raise ValueError(f"initial_state: expected shape [slots, HV={HV}, V={V}, K={K}], got {tuple(state.shape)}")
@@ -255,7 +253,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
     inter_dtype = "none"
     if inter is not None:
         _v.tensor("intermediate_states_buffer", inter, 5)
-        _v.dtype_in("intermediate_states_buffer", inter, _STATE_DTYPES)
+        _v.dtype_in("intermediate_states_buffer", inter, STATE_DTYPES)
         _v.same_device("intermediate_states_buffer", inter, device)
         if tuple(inter.shape[2:]) != (HV, V, K) or inter.stride()[1:] != (HV * V * K, V * K, K, 1):
             raise ValueError(f"intermediate_states_buffer: expected [rows, steps, HV={HV}, V={V}, K={K}] with dense "
@@ -304,20 +302,18 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
     if output is None:
         output = torch.empty(out_shape, dtype=q.dtype, device=device)
     else:
-        _v.given_output(output, out_shape, "[.., HV, V]", _OUT_DTYPES, device)
+        _v.given_output(output, out_shape, "[.., HV, V]", OUT_DTYPES, device)
     if N == 0 or lead[1] == 0:
         return output, None
 
-    params = dict(layout="klast", K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[q.dtype], out_dtype=_v.FLOAT_NAMES[output.dtype],
+    params = dict(K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[q.dtype], out_dtype=_v.FLOAT_NAMES[output.dtype],
                   state_dtype=_v.FLOAT_NAMES[state.dtype],
                   dtb_dtype="fp32" if given else _v.FLOAT_NAMES[dt_bias.dtype], pool=True,
-                  idx_dtype=idx_dtype, same_pool=True, inter_dtype=inter_dtype, ssm_idx_dtype=ssm_dtype,
-                  update=update, l2norm=l2norm, slot_strided=False,
+                  idx_dtype=idx_dtype, inter_dtype=inter_dtype, ssm_idx_dtype=ssm_dtype, update=update, l2norm=l2norm,
                   varlen=varlen, bounded=varlen and bounded, accepted=accepted, tree=parent is not None,
-                  inter_indexed=inter_idx is not None,
-                  null_slot=null_slot, padding=padding, gates=gates, replay_cache=replay_cache is not None, replay=False,
-                  track=False, fused_step="none", write_once=False)
-    dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
+                  inter_indexed=inter_idx is not None, null_slot=null_slot, padding=padding, gates=gates,
+                  replay_cache=replay_cache is not None)
+    dev = launch_device(device, require_cuda)
 
     def strides(x):
         """(row, token, head) element strides; varlen: the row stride is the token stride (the kernel's row of
@@ -330,19 +326,18 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_
     ssm_sn, ssm_st = (0, 0) if ssm_idx is None else ssm_idx.stride()
     args = dict(
         q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), A_log=_ptr(A_log), a=a.data_ptr(),
-        dt_bias=_ptr(dt_bias), b=b.data_ptr(), state=state.data_ptr(), read_idx=read_idx.data_ptr(), write_idx=0,
+        dt_bias=_ptr(dt_bias), b=b.data_ptr(), state=state.data_ptr(), read_idx=read_idx.data_ptr(),
         out=output.data_ptr(), inter=_ptr(inter), ssm_idx=_ptr(ssm_idx), cu=_ptr(cu_seqlens), acc=_ptr(num_accepted),
         parent=_ptr(parent), inter_idx=_ptr(inter_idx), rk=_ptr(rawk), rv=_ptr(rawv), rg=_ptr(g_cache),
-        rb=_ptr(beta_cache), trk_idx=0, trk_step=0, ctl=0,
+        rb=_ptr(beta_cache),
         slot_stride=state.stride(0), pool_size=state.shape[0], q_sn=q_sn, q_st=q_st, q_sh=q_sh, k_sn=k_sn, k_st=k_st,
         k_sh=k_sh, v_sn=v_sn, v_st=v_st, v_sh=v_sh, a_sn=a_sn, a_st=a_st, a_sh=a_sh, b_sn=b_sn, b_st=b_st, b_sh=b_sh,
         o_sn=o_sn, o_st=o_st, o_sh=o_sh, inter_sn=0 if inter is None else inter.stride(0), ssm_sn=ssm_sn, ssm_st=ssm_st,
         B=N, H=H, HV=HV, scale=scale, softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
         zero_padding=int(zero_padding), s_head=V * K, s_row=K, read_sn=read_idx.stride(0), read_cols=read_cols,
         parent_sn=0 if parent is None else parent.stride(0), inter_rows=0 if inter is None else inter.shape[0],
-        layer_rows=0, layer_slots=0, gate_sh=0 if A_log is None else A_log.stride(0),
-        dtb_sh=0 if dt_bias is None else dt_bias.stride(0), beta_round=int(round_beta), rc_len=0 if rawv is None else rawv.shape[2], min_slot=0,
+        gate_sh=0 if A_log is None else A_log.stride(0), dtb_sh=0 if dt_bias is None else dt_bias.stride(0),
+        beta_round=int(round_beta), rc_len=0 if rawv is None else rawv.shape[2],
     )
-    call = KernelCall(get_spec("gdn"), params, dict(B=N, H=H, HV=HV), args, dev,
-                      pdl=uses_pdl(dev) if require_cuda else False)
+    call = ENGINE.call(params, dict(B=N, H=H, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
     return output, call

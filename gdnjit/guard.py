@@ -1,6 +1,6 @@
 """A C++ check that tensors still have the metadata of an already-validated call.
 
-The ops' hot path (:func:`gdnjit.gdn._run`) skips validation for a call whose tensors have the
+The ops' hot path (:func:`gdnjit.gdn.run`) skips validation for a call whose tensors have the
 same shapes, strides, dtypes and devices as one validated before. Reading that metadata in Python
 costs ~0.3 us per tensor (13 tensors per GDN call); torch's own guard object, the one torch.compile
 uses to decide whether a compiled graph may be reused (``torch._C._dynamo.guards.TensorGuards``),

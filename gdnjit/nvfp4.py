@@ -44,7 +44,7 @@ FAST_MATH_ENV = ("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", "TRTLLM_DISABLE_FP4_Q
 FOUR_OVER_SIX_ENV = ("FLASHINFER_NVFP4_4OVER6", "FLASHINFER_NVFP4_4OVER6_ERR_MODE", "FLASHINFER_NVFP4_4OVER6_ERR_USE_FAST_MATH",
                      "FLASHINFER_NVFP4_4OVER6_E4M3_USE_256")
 PER_TOKEN_SCALE_RTOL = 1e-3  # FlashInfer's check that a per-token scale matches an explicit 4over6 recipe
-_UNSET = object()
+UNSET = object()
 SF_VEC_SIZE = 16
 _IN_DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float8_e4m3fn: "fp8e4m3"}
 _LAYOUT_PARAM = {SfLayout.layout_128x4: "128x4", SfLayout.layout_8x4: "8x4", SfLayout.layout_linear: "linear"}
@@ -57,7 +57,7 @@ _F32 = struct.Struct("f")
 
 
 
-def _layout(sfLayout) -> SfLayout:
+def to_layout(sfLayout) -> SfLayout:
     """SfLayout, its int / name, or another library's enum member with the same name (FlashInfer's)."""
     if isinstance(sfLayout, enum.Enum) and not isinstance(sfLayout, SfLayout):
         sfLayout = sfLayout.name
@@ -72,7 +72,7 @@ def fast_math_from_env(environ=None) -> bool:
     return not any(env.get(name) == "1" for name in FAST_MATH_ENV)
 
 
-def _recipe(fast_math, in_dtype) -> str:
+def choose_recipe(fast_math, in_dtype) -> str:
     """``fast_math`` (None: the environment, per call) -> the spec's recipe; fp8 input is always fast."""
     if fast_math is None:
         fast_math = fast_math_from_env()
@@ -111,7 +111,7 @@ def _global_scale(a_global_sf, device: torch.device):
 
 
 def _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend) -> SfLayout:
-    layout = _layout(sfLayout)
+    layout = to_layout(sfLayout)
     if isinstance(sf_vec_size, bool) or not isinstance(sf_vec_size, int):
         raise TypeError(f"sf_vec_size: expected an int, got {type(sf_vec_size).__name__}")
     if sf_vec_size != SF_VEC_SIZE:
@@ -152,11 +152,11 @@ def four_over_six_from_env(environ=None) -> Optional[FourOverSix]:
                        256 if env.get("FLASHINFER_NVFP4_4OVER6_E4M3_USE_256") == "1" else 448)
 
 
-def resolve_four_over_six(setting=_UNSET) -> Optional[FourOverSix]:
+def resolve_four_over_six(setting=UNSET) -> Optional[FourOverSix]:
     """An ``nvfp4_4over6`` argument as the recipe the kernels take: omitted -> the environment
     (:func:`four_over_six_from_env`), None -> off, a :class:`FourOverSix` as is, or any object with FlashInfer's
     ``NVFP44Over6Config`` fields (``e4m3_max`` 256 / 448, ``err_mode`` "MAE" / "MSE" or its enum, ``err_use_fast_math``)."""
-    if setting is _UNSET:
+    if setting is UNSET:
         return four_over_six_from_env()
     if setting is None:
         return None
@@ -180,14 +180,14 @@ def resolve_four_over_six(setting=_UNSET) -> Optional[FourOverSix]:
     return cfg
 
 
-def _check_flashinfer_extras(a, a_global_sf, backend, per_token_activation, expanded_idx_to_permuted_idx, out_scale,
+def check_flashinfer_extras(a, a_global_sf, backend, per_token_activation, expanded_idx_to_permuted_idx, out_scale,
                              nvfp4_4over6) -> Optional[FourOverSix]:
     """FlashInfer 0.7.2's further nvfp4_quantize arguments, checked as FlashInfer checks them; returns the 4over6
     recipe (None: off). fp8 input has none: an explicit recipe is FlashInfer's ValueError, one from the environment is
     ignored (as FlashInfer's CUDA backend does)."""
     if not isinstance(per_token_activation, bool):
         raise TypeError(f"per_token_activation: expected a bool, got {type(per_token_activation).__name__}")
-    explicit = nvfp4_4over6 is not _UNSET
+    explicit = nvfp4_4over6 is not UNSET
     four6 = resolve_four_over_six(nvfp4_4over6)
     if getattr(a, "dtype", None) == torch.float8_e4m3fn and four6 is not None:
         if explicit:
@@ -252,7 +252,7 @@ def _out_scale(out_scale, device):
     return 0, value, None
 
 
-def _prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, sf_vec_size=16, enable_pdl=None,
+def prepare(a, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle=False, sf_vec_size=16, enable_pdl=None,
              backend="gdnjit", require_cuda: bool = True, arch: Optional[str] = None, recipe: str = "fast", *,
              per_token: bool = False, four_over_six: Optional[FourOverSix] = None, row_map=None, out_scale=None):
     """All argument checks and the output allocation.
@@ -345,7 +345,7 @@ def nvfp4_quantize(
     per_token_activation: bool = False,
     expanded_idx_to_permuted_idx: Optional[torch.Tensor] = None,
     out_scale: Optional[torch.Tensor] = None,
-    nvfp4_4over6=_UNSET,
+    nvfp4_4over6=UNSET,
     *,
     fast_math: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -416,9 +416,9 @@ def nvfp4_quantize(
         TypeError / ValueError naming the argument: wrong types, dtypes, shapes, strides, devices,
         K not a multiple of 16 or above 2^20, unsupported options, unknown backend.
     """
-    four6 = _check_flashinfer_extras(a, a_global_sf, backend, per_token_activation, expanded_idx_to_permuted_idx,
+    four6 = check_flashinfer_extras(a, a_global_sf, backend, per_token_activation, expanded_idx_to_permuted_idx,
                                      out_scale, nvfp4_4over6)
-    recipe = _recipe(fast_math, getattr(a, "dtype", None))
+    recipe = choose_recipe(fast_math, getattr(a, "dtype", None))
     if backend == "reference" or backend not in BACKENDS:  # options (an unknown backend) before the device
         layout = _check_options(sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend)
         from .reference.nvfp4 import quantize_reference
@@ -427,7 +427,7 @@ def nvfp4_quantize(
             return quantize_reference(a, a_global_sf, layout, recipe, per_token=True, four_over_six=four6,
                                       row_map=expanded_idx_to_permuted_idx, out_scale=out_scale)
         return quantize_reference(a, a_global_sf, layout, recipe, four_over_six=four6)
-    *outs, call = _prepare(a, a_global_sf, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, recipe=recipe,
+    *outs, call = prepare(a, a_global_sf, sfLayout, do_shuffle, sf_vec_size, enable_pdl, backend, recipe=recipe,
                            per_token=per_token_activation, four_over_six=four6, row_map=expanded_idx_to_permuted_idx,
                            out_scale=out_scale)
     if call is not None:
@@ -445,7 +445,7 @@ def fp4_quantize(
     is_global_scale_inversed: bool = False,
     enable_pdl: Optional[bool] = None,
     backend: str = "cuda",
-    nvfp4_4over6=_UNSET,
+    nvfp4_4over6=UNSET,
     *,
     fast_math: Optional[bool] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -466,7 +466,7 @@ def fp4_quantize(
             raise TypeError(f"{name}: expected a bool, got {type(flag).__name__}")
     if isinstance(sf_vec_size, bool) or sf_vec_size not in (16, 32):
         raise NotImplementedError(f"sf_vec_size: can only be 16 or 32, got {sf_vec_size!r}")
-    if (sf_vec_size == 32 or sf_use_ue8m0) and nvfp4_4over6 is not _UNSET and nvfp4_4over6 is not None:
+    if (sf_vec_size == 32 or sf_use_ue8m0) and nvfp4_4over6 is not UNSET and nvfp4_4over6 is not None:
         raise ValueError(f"nvfp4_4over6: applies to NVFP4 only (sf_vec_size=16, sf_use_ue8m0=False); got "
                          f"sf_vec_size={sf_vec_size}, sf_use_ue8m0={sf_use_ue8m0} (as in FlashInfer)")
     if sf_vec_size == 32 or sf_use_ue8m0:
@@ -508,7 +508,7 @@ def dequantize_nvfp4(
     from .reference.nvfp4 import dequantize_reference
 
     m, k = rows_and_cols(fp4, m, k)
-    return dequantize_reference(fp4, sf, a_global_sf, _layout(sfLayout), m, k)
+    return dequantize_reference(fp4, sf, a_global_sf, to_layout(sfLayout), m, k)
 
 
 def rows_and_cols(fp4, m: Optional[int], k: Optional[int]) -> Tuple[int, int]:
@@ -531,6 +531,6 @@ def example_call(params: dict, facts: dict, device) -> Tuple[object, tuple]:
     layout = {v: k for k, v in _LAYOUT_PARAM.items()}[params["sf_layout"]]
     f6 = params["four_over_six"]
     four6 = None if f6 == "off" else FourOverSix(f6[:3], f6.endswith("_fp16"))
-    *outs, call = _prepare(a, gs, layout, enable_pdl=params["pdl"], recipe=params["recipe"], per_token=per_token,
+    *outs, call = prepare(a, gs, layout, enable_pdl=params["pdl"], recipe=params["recipe"], per_token=per_token,
                            four_over_six=four6)
     return call, (a, gs, *outs)

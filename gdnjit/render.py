@@ -17,7 +17,7 @@ TEMPLATE_DIR = Path(__file__).parent / "templates"
 
 
 @functools.lru_cache(maxsize=1)
-def _env():
+def environment():
     """The Jinja environment, created on the first render: a process whose kernels are all cached (the cache
     key reads the template files directly) never imports Jinja."""
     import jinja2
@@ -31,11 +31,6 @@ def _env():
         autoescape=False,
     )
 
-
-def __getattr__(name):
-    if name == "_ENV":
-        return _env()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Codes of the storage dtypes in the prelude's DT<C> traits, and C spellings of index/arg types.
 DTYPE_CODES = {"fp32": 0, "bf16": 1, "fp16": 2}
@@ -107,7 +102,7 @@ def render(template: str, values: Mapping[str, Any]) -> str:
     import jinja2
 
     try:
-        return _env().get_template(template).render(dict(values), ctype=CTYPES, dtc=DTYPE_CODES, template_name=template)
+        return environment().get_template(template).render(dict(values), ctype=CTYPES, dtc=DTYPE_CODES, template_name=template)
     except jinja2.UndefinedError as e:
         raise RenderError(f"template {template}: {e.message} (values: {sorted(values)})") from None
     except jinja2.TemplateError as e:

@@ -16,19 +16,20 @@ from typing import Optional
 import torch
 
 from . import validate as _v
-from .gdn import MAX_T, SUPPORTED_DIMS, _POINTERS, _STATE_DTYPES, uses_pdl
-from .runner import RUNNER, KernelCall, launch_on, remember
-from .spec import get_spec
+from .call_mode import CallMode
+from .gdn_core import MAX_T, SPEC, STATE_DTYPES, SUPPORTED_DIMS, launch_device, uses_pdl
+from .gdn_core import ptr as _ptr
+from .gdn_core import signature as _sig
+from .runner import RUNNER, launch_on, remember
 
+__all__ = ["gated_delta_rule_replayssm_commit", "prepare", "COMMIT"]
+
+# The commit: the cached tokens are the kernel's token inputs (rows = slots). The raw k cache is passed as q too:
+# the kernel normalises a token's q and k alike, and the commit only needs the k it writes into the state.
+COMMIT = CallMode(SPEC, "replay commit", ("q", "k", "v", "a", "b", "state", "read_idx", "acc", "trk_idx", "trk_step"))
 _BACKENDS = ("auto", "simt", "tcgen05")
 _memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, device)
 _MEMO_MAX = 256
-# the kernel's pointer slots of the commit's tensors (rawk is also q's: the kernel's l2norm reads it as a token's q)
-_SLOTS = tuple(_POINTERS.index(n) for n in ("q", "k", "v", "a", "b", "state", "read_idx", "acc", "trk_idx", "trk_step"))
-
-
-def _sig(x):
-    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
 
 
 def gated_delta_rule_replayssm_commit(
@@ -69,33 +70,31 @@ def gated_delta_rule_replayssm_commit(
     """
     check_backend(backend)
     if backend == "tcgen05":  # FlashInfer checks the arguments and the backend's own limits first
-        _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
-                 track_state_indices, track_steps, use_qk_l2norm, null_block_id)
+        prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
+                track_state_indices, track_steps, use_qk_l2norm, null_block_id)
         refuse_tcgen05(rawk_cache.shape[3], use_qk_l2norm, track_steps is not None)
     config = RUNNER.sync()
     tensors = (checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
                track_state_indices, track_steps)
     try:
-        ptrs = [0] * len(_POINTERS)
-        for slot, x in zip(_SLOTS, (rawk_cache, rawk_cache, rawv_cache, g_cache, beta_cache, checkpoint_state,
-                                    state_indices, accept_lens, track_state_indices, track_steps)):
-            if x is not None:
-                ptrs[slot] = x.data_ptr()
+        ptrs = COMMIT.pack(rawk_cache.data_ptr(), rawk_cache.data_ptr(), rawv_cache.data_ptr(), g_cache.data_ptr(),
+                           beta_cache.data_ptr(), checkpoint_state.data_ptr(), state_indices.data_ptr(),
+                           accept_lens.data_ptr(), _ptr(track_state_indices), _ptr(track_steps))
         sig = (tuple(_sig(x) for x in tensors), use_qk_l2norm, type(use_qk_l2norm), null_block_id,
-               type(null_block_id), any(p & 15 for p in ptrs))  # every base 16-byte aligned (checked by _prepare)
+               type(null_block_id), any(p & 15 for p in ptrs))  # every base 16-byte aligned (checked by prepare)
         hit = _memo.get(sig)
     except (AttributeError, TypeError, RuntimeError):
         sig = hit = None
     if hit is None:
-        call = _prepare(*tensors, use_qk_l2norm, null_block_id)
+        call = prepare(*tensors, use_qk_l2norm, null_block_id)
         if call is None:
             return
-        bound, dev = RUNNER.bind(call, _POINTERS), call.device
-        ptrs = [call.args[n] for n in _POINTERS]
+        bound, dev = RUNNER.bind(call), call.device
+        ptrs = COMMIT.pointer_values(call)
         remember(_memo, sig, (bound, dev), config, _MEMO_MAX)
     else:
         bound, dev = hit
-    launch_on(dev, bound, tuple(ptrs))
+    launch_on(dev, bound, ptrs)
 
 
 def check_backend(backend) -> None:
@@ -129,11 +128,11 @@ def _vector(name: str, x, B: int, dtypes, device) -> None:
         raise ValueError(f"{name}: expected a contiguous tensor, got stride {x.stride()}")
 
 
-def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
-             track_state_indices, track_steps, use_qk_l2norm, null_block_id, require_cuda: bool = True):
+def prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
+            track_state_indices, track_steps, use_qk_l2norm, null_block_id, require_cuda: bool = True):
     """Every check; the named call (None when there is nothing to replay)."""
     (_v.cuda_tensor if require_cuda else _v.tensor)("checkpoint_state", checkpoint_state, 5)
-    _v.dtype_in("checkpoint_state", checkpoint_state, _STATE_DTYPES)
+    _v.dtype_in("checkpoint_state", checkpoint_state, STATE_DTYPES)
     device = checkpoint_state.device
     L, S, HV, V, K = checkpoint_state.shape
     if K not in SUPPORTED_DIMS or V not in SUPPORTED_DIMS:
@@ -171,27 +170,19 @@ def _prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, stat
     _v.null_block("null_block_id", null_block_id)
     if B == 0 or L == 0:
         return None
-    params = dict(layout="klast", K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[rawk_cache.dtype],
+    params = dict(K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[rawk_cache.dtype],
                   out_dtype=_v.FLOAT_NAMES[rawk_cache.dtype], state_dtype=_v.FLOAT_NAMES[checkpoint_state.dtype],
-                  dtb_dtype="fp32", pool=True, idx_dtype=_v.INDEX_NAMES[state_indices.dtype], same_pool=True,
-                  inter_dtype="none", ssm_idx_dtype="none", update=True, l2norm=use_qk_l2norm, slot_strided=False,
-                  varlen=False, bounded=False, accepted=False, tree=False, inter_indexed=False,
-                  null_slot="negative", padding="skip", gates="given",
-                  replay_cache=False, replay=True, track=track_steps is not None, fused_step="none", write_once=False)
-    p = lambda x: 0 if x is None else x.data_ptr()  # noqa: E731
+                  dtb_dtype="fp32", pool=True, idx_dtype=_v.INDEX_NAMES[state_indices.dtype], update=True,
+                  l2norm=use_qk_l2norm, gates="given", replay=True, track=track_steps is not None)
     args = dict(
-        q=rawk_cache.data_ptr(), k=rawk_cache.data_ptr(), v=rawv_cache.data_ptr(), A_log=0, a=g_cache.data_ptr(),
-        dt_bias=0, b=beta_cache.data_ptr(), state=checkpoint_state.data_ptr(), read_idx=state_indices.data_ptr(),
-        write_idx=0, out=0, inter=0, ssm_idx=0, cu=0, acc=accept_lens.data_ptr(), parent=0, inter_idx=0, rk=0, rv=0,
-        rg=0, rb=0, trk_idx=p(track_state_indices), trk_step=p(track_steps), ctl=0,
+        q=rawk_cache.data_ptr(), k=rawk_cache.data_ptr(), v=rawv_cache.data_ptr(), a=g_cache.data_ptr(),
+        b=beta_cache.data_ptr(), state=checkpoint_state.data_ptr(), read_idx=state_indices.data_ptr(),
+        acc=accept_lens.data_ptr(), trk_idx=_ptr(track_state_indices), trk_step=_ptr(track_steps),
         slot_stride=HV * V * K, pool_size=L * S,
         # the caches as pools of L * S slots: (slot, token, head) element strides
         q_sn=H * T * K, q_st=K, q_sh=T * K, k_sn=H * T * K, k_st=K, k_sh=T * K, v_sn=HV * T * V, v_st=V, v_sh=T * V,
-        a_sn=HV * T, a_st=1, a_sh=T, b_sn=HV * T, b_st=1, b_sh=T, o_sn=0, o_st=0, o_sh=0, inter_sn=0, ssm_sn=0,
-        ssm_st=0, B=L * B, H=H, HV=HV, scale=1.0, softplus_beta=1.0, softplus_threshold=20.0, zero_padding=0,
-        s_head=V * K, s_row=K, read_sn=1, read_cols=1, parent_sn=0, inter_rows=0, layer_rows=B, layer_slots=S,
-        gate_sh=0, dtb_sh=0, beta_round=0, rc_len=0, min_slot=null_block_id + 1,
+        a_sn=HV * T, a_st=1, a_sh=T, b_sn=HV * T, b_st=1, b_sh=T, B=L * B, H=H, HV=HV, scale=1.0, zero_padding=0,
+        s_head=V * K, s_row=K, read_sn=1, layer_rows=B, layer_slots=S, min_slot=null_block_id + 1,
     )
-    dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
-    return KernelCall(get_spec("gdn"), params, dict(B=L * B, H=H, HV=HV), args, dev,
-                      pdl=uses_pdl(dev) if require_cuda else False)
+    dev = launch_device(device, require_cuda)
+    return COMMIT.call(params, dict(B=L * B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)

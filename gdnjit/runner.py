@@ -27,7 +27,7 @@ from .cache import DiskCache
 from .config import Config, get_config
 from .driver import check_driver
 from .errors import CudaError
-from .launch import BoundLaunch, Launcher, leading_pointers, load_function
+from .launch import BoundLaunch, Launcher, load_function
 from .spec import Spec
 from .variant import Variant
 
@@ -76,11 +76,6 @@ def _ordered(spec: Spec, what: str, names: Sequence[str], given: Mapping[str, An
             f"got {'missing ' + str(missing) if missing else ''}{' and ' if missing and unknown else ''}"
             f"{'unknown ' + str(unknown) if unknown else ''}")
     return tuple(given[n] for n in names)
-
-
-def pointer_names(spec: Spec) -> tuple[str, ...]:
-    """The names of the spec's leading pointer arguments: what a bound launch takes per call."""
-    return tuple(n for n, _ in spec.args[:leading_pointers(spec.args)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,14 +214,10 @@ class Runner:
         self._resolved[memo] = (launcher, grid)
         return launcher, grid
 
-    def bind(self, call: KernelCall, pointers: Sequence[str]) -> BoundLaunch:
+    def bind(self, call: KernelCall) -> BoundLaunch:
         """A :class:`~gdnjit.launch.BoundLaunch` of ``call``: every argument packed once by name, the
-        grid and PDL fixed; its calls take new values of the pointer arguments ``pointers``, which must
-        name the spec's leading pointer arguments in their order (checked here, once per binding)."""
-        want = pointer_names(call.spec)
-        if tuple(pointers) != want:
-            raise KernelInterfaceError(f"spec {call.spec.name}: a bound launch's pointers must be the leading "
-                                       f"pointer args {list(want)}, got {list(pointers)}")
+        grid and PDL fixed; its calls take new values of the spec's leading pointer arguments (in spec order:
+        :meth:`gdnjit.call_mode.CallMode.pack` places a mode's pointers by name)."""
         launcher, grid = self.resolve(call)
         return launcher.bind(grid, call.arg_values(), pdl=call.pdl)
 

@@ -36,7 +36,11 @@ Schema (see ``docs/specs.md`` for the guide)::
                                  # chosen tunables and the facts (as dispatch sees them), with valid tunables,
                                  # changes those it names
     launch: {grid: expr, block: expr, smem: expr}             # over facts + variant values
-    args: {name: ptr|i64|i32|f32}  # the kernel's one by-value argument struct, in order
+    args: {name: ptr|i64|i32|f32}  # the kernel's one by-value argument struct, in order; "TYPE = DEFAULT" gives an
+                                 # argument a default (a pointer's null, a zero stride, ...): a calling mode names
+                                 # only the args it sets (gdnjit.call_mode), the others are required
+    param_defaults: {param: value}  # optional: the value a calling mode that does not name a param gets (the
+                                 # "off" value of a mode flag); params without one are required
 """
 
 from __future__ import annotations
@@ -60,7 +64,7 @@ _SCALAR = (bool, int, float, str)
 _TOP_KEYS = {
     "name", "description", "template", "kernel_name", "module", "params", "param_domains", "tunables", "derived",
     "constraints", "facts", "batch_fact", "from_model", "model_checks", "from_arch", "rules", "launch", "args",
-    "dispatch_params", "invariant_batch", "retile_may_set", "retile",
+    "dispatch_params", "invariant_batch", "retile_may_set", "retile", "param_defaults",
 }
 ARG_TYPES = ("ptr", "i64", "i32", "f32")
 
@@ -112,6 +116,8 @@ class Spec:
     invariant_batch: int = 0  # the batch fact's value dispatch sees in batch-invariant mode (0: none)
     retile_may_set: tuple[str, ...] = ()  # the tunables a retile entry may change
     retile: tuple[Rule, ...] = ()  # after the choice, over the call's own params + the chosen tunables + facts
+    arg_defaults: tuple[tuple[str, Any], ...] = ()  # arg -> the value a calling mode that does not name it passes
+    param_defaults: tuple[tuple[str, Any], ...] = ()  # param -> the value a calling mode that does not name it gets
 
     def dispatch_view(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` as the rules and tuned tables see them (``dispatch_params`` applied, each over the
@@ -528,6 +534,70 @@ def _param_domains(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, 
     return tuple(out)
 
 
+def _args(doc: LineDict, file: str) -> tuple[tuple[tuple[str, str], ...], tuple[tuple[str, Any], ...]]:
+    """The kernel's arguments, ``name: type`` (required) or ``name: type = default`` (a calling mode that does not
+    name it passes the default: ``null`` or ``0`` for a pointer, a number otherwise); ((name, type), ...) in order
+    and ((name, default), ...)."""
+    args_doc = doc["args"]
+    if not isinstance(args_doc, dict) or not args_doc:
+        raise _err(file, "args", "expected a non-empty mapping of name -> type", doc, "args")
+    args, defaults = [], []
+    for n, text in args_doc.items():
+        ty, eq, default = str(text).partition("=") if isinstance(text, str) else (text, "", "")
+        ty, default = str(ty).strip(), default.strip()
+        if not isinstance(n, str) or not n.isidentifier() or ty not in ARG_TYPES or (eq and not default):
+            raise _err(file, f"args.{n}", f"expected an identifier mapped to one of {ARG_TYPES}, optionally with "
+                       f"'= default', got {text!r}", args_doc, n)
+        args.append((n, ty))
+        if eq:
+            defaults.append((n, _arg_default(file, n, ty, default, args_doc)))
+    return tuple(args), tuple(defaults)
+
+
+def _arg_default(file: str, name: str, ty: str, text: str, node: Any) -> Any:
+    """An argument's default: a pointer's ``null`` (0), an integer for i32 / i64 (in range), a number for f32."""
+    try:
+        if ty == "ptr":
+            if text not in ("null", "0"):
+                raise ValueError
+            return 0
+        if ty == "f32":
+            value = float(text)
+            if not math.isfinite(value):
+                raise ValueError
+            return value
+        value = int(text)
+        bits = 32 if ty == "i32" else 64
+        if not -(1 << (bits - 1)) <= value < 1 << (bits - 1):
+            raise ValueError
+        return value
+    except ValueError:
+        want = {"ptr": "null (or 0)", "f32": "a finite number", "i32": "a 32-bit integer", "i64": "a 64-bit integer"}
+        raise _err(file, f"args.{name}", f"default: expected {want[ty]} for a {ty}, got {text!r}", node, name) from None
+
+
+def _param_defaults(doc: LineDict, file: str, params: tuple, domains: tuple) -> tuple[tuple[str, Any], ...]:
+    """``param_defaults``: the value a calling mode that does not name a param gets (each an allowed value)."""
+    table = _section(doc, file, "param_defaults", "param -> default value")
+    allowed = dict(params)
+    domain = dict(domains)
+    out = []
+    for n, value in table.items():
+        if n not in allowed:
+            raise _err(file, f"param_defaults.{n}", f"expected a param of the spec ({', '.join(allowed)}), got {n!r}",
+                       table, n)
+        ok = value in allowed[n] and isinstance(value, bool) == isinstance(allowed[n][0], bool)
+        if not ok and n in domain and isinstance(value, int) and not isinstance(value, bool):
+            try:
+                ok = bool(_expr.evaluate(domain[n], {n: value}))
+            except _expr.ExprError:
+                ok = False
+        if not ok:
+            raise _err(file, f"param_defaults.{n}", f"expected one of {list(allowed[n])}, got {value!r}", table, n)
+        out.append((n, value))
+    return tuple(out)
+
+
 def parse_spec(doc: Any, file: str) -> Spec:
     """Validate a parsed YAML document and build a :class:`Spec`; raises SpecError."""
     if not isinstance(doc, dict):
@@ -653,18 +723,14 @@ def parse_spec(doc: Any, file: str) -> Spec:
         launch.append((n, text))
         compared.append((f"launch.{n}", text, launch_doc, n))
 
-    args_doc = doc["args"]
-    if not isinstance(args_doc, dict) or not args_doc:
-        raise _err(file, "args", "expected a non-empty mapping of name -> type", doc, "args")
-    for n, ty in args_doc.items():
-        if not isinstance(n, str) or not n.isidentifier() or ty not in ARG_TYPES:
-            raise _err(file, f"args.{n}", f"expected an identifier mapped to one of {ARG_TYPES}, got {ty!r}", args_doc, n)
+    args, arg_defaults = _args(doc, file)
+    param_defaults = _param_defaults(doc, file, params, domains)
 
     spec = Spec(
         name=doc["name"], description=str(doc.get("description", "")), template=template,
         kernel_name=doc["kernel_name"], params=params, tunables=tunables, derived=tuple(derived),
         constraints=tuple(constraints), facts=facts, rules=tuple(rules), launch=tuple(launch),
-        args=tuple(args_doc.items()), file=file, domains=domains, batch_fact=batch_fact, from_model=from_model,
+        args=args, arg_defaults=arg_defaults, param_defaults=param_defaults, file=file, domains=domains, batch_fact=batch_fact, from_model=from_model,
         model_checks=tuple(model_checks), from_arch=tuple(from_arch), module=module,
         dispatch_params=dispatch_params, invariant_batch=invariant_batch, retile_may_set=retile_may_set,
         retile=retile,
@@ -880,12 +946,19 @@ def get_spec(name: str) -> Spec:
     if not isinstance(name, str) or name not in list_specs():  # also blocks paths and absurd names
         raise ValueError(f"spec name: no shipped spec {name!r}; available: {list_specs()}")
     path = SPEC_DIR / f"{name}.yaml"
-    from .spec_record import recorded  # the validated spec recorded for exactly these bytes, if any
-
-    spec = recorded(path.name, path.read_bytes()) or load_spec_file(path)
+    spec = recorded_spec(path.name, path.read_bytes()) or load_spec_file(path)
     if spec.name != name:
         raise SpecError(path.name, "name", f"must equal the file name {name!r}, got {spec.name!r}")
     return spec
+
+
+def recorded_spec(file_name: str, yaml_bytes: bytes) -> Spec | None:
+    """The validated Spec recorded for exactly these bytes of shipped file ``file_name`` (``specs/validated.json``,
+    :mod:`gdnjit.spec_record`), or None: a shipped spec loads in ~2 ms without parsing."""
+    from . import spec_record
+
+    record = spec_record.lookup(file_name, yaml_bytes)
+    return None if record is None else spec_record.decode(record, {"Spec": Spec, "Rule": Rule, "Constraint": Constraint})
 
 
 def list_specs() -> list[str]:

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 RECORDS = Path(__file__).parent / "specs" / "validated.json"
-_VALIDATOR = ("spec.py", "expr.py", "expr_jinja.py", "yamlio.py", "lined.py")
+_VALIDATOR = ("spec.py", "expr.py", "expr_common.py", "expr_jinja.py", "yamlio.py", "lined.py")
 
 
 @functools.lru_cache(maxsize=1)
@@ -64,16 +64,21 @@ def _records() -> dict:
         return {}
 
 
-def recorded(file_name: str, yaml_bytes: bytes):
-    """The recorded Spec of shipped file ``file_name`` if its record matches these bytes, else None."""
+def lookup(file_name: str, yaml_bytes: bytes) -> dict | None:
+    """The record of shipped file ``file_name`` if it matches these bytes (its expressions' analyses are seeded
+    into :mod:`gdnjit.expr`), else None. :func:`gdnjit.spec.recorded_spec` decodes it into a Spec."""
     rec = _records().get(file_name)
     if rec is None or rec.get("digest") != digest(yaml_bytes):
         return None
     from . import expr
-    from .spec import Constraint, Rule, Spec
 
     expr.seed(rec["expressions"])
-    return _from_json(rec["spec"], {"Spec": Spec, "Rule": Rule, "Constraint": Constraint})
+    return rec["spec"]
+
+
+def decode(record: Any, types: dict) -> Any:
+    """A recorded value back as the objects it was recorded from (``types``: class name -> class)."""
+    return _from_json(record, types)
 
 
 def expression_analyses(spec) -> dict:
@@ -88,20 +93,19 @@ def expression_analyses(spec) -> dict:
     return out
 
 
-def record_all() -> dict:
-    """Parse and validate every shipped spec (never from the records) and write ``validated.json``."""
-    from .spec import SPEC_DIR, list_specs, load_spec_file
-
-    out = {}
-    for name in list_specs():
-        path = SPEC_DIR / f"{name}.yaml"
-        spec = load_spec_file(path)
-        out[path.name] = {"digest": digest(path.read_bytes()), "spec": _to_json(spec),
-                          "expressions": {t: _to_json(a) for t, a in expression_analyses(spec).items()}}
+def write_records(specs: dict) -> dict:
+    """Write ``validated.json`` from ``{file name: (yaml bytes, the Spec parsed and validated from them)}``."""
+    out = {name: {"digest": digest(data), "spec": _to_json(spec),
+                  "expressions": {t: _to_json(a) for t, a in expression_analyses(spec).items()}}
+           for name, (data, spec) in specs.items()}
     RECORDS.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
     _records.cache_clear()
     return out
 
 
-if __name__ == "__main__":
-    print(f"recorded {', '.join(record_all())} in {RECORDS}")
+if __name__ == "__main__":  # python -m gdnjit.spec_record: parse every shipped spec afresh and record it
+    from gdnjit.spec import SPEC_DIR, list_specs, load_spec_file
+
+    paths = [SPEC_DIR / f"{name}.yaml" for name in list_specs()]
+    written = write_records({p.name: (p.read_bytes(), load_spec_file(p)) for p in paths})
+    print(f"recorded {', '.join(written)} in {RECORDS}")

@@ -38,11 +38,17 @@ from typing import NamedTuple, Optional
 import torch
 
 from . import validate as _v
+from .call_mode import CallMode
 from .errors import DtypeError
-from .gdn import MAX_T, SUPPORTED_DIMS, _IN_DTYPES, _OUT_DTYPES, _POINTERS, _STATE_DTYPES, uses_pdl
-from .runner import RUNNER, KernelCall, launch_on, remember
-from .spec import get_spec
+from .gdn_core import IN_DTYPES, MAX_T, OUT_DTYPES, SPEC, STATE_DTYPES, SUPPORTED_DIMS, launch_device, uses_pdl
+from .gdn_core import signature as _sig
+from .runner import RUNNER, launch_on, remember
 
+# The step and the flush: the pointers each passes per call, by name (rk, rv, rg, rb, ctl: the SpecCache's k, v,
+# g, beta, ctl; acc: num_accepted).
+STEP = CallMode(SPEC, "fused step", ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "out", "acc",
+                                     "rk", "rv", "rg", "rb", "ctl"))
+FLUSH = CallMode(SPEC, "fused flush", ("state", "read_idx", "acc", "rk", "rv", "rg", "rb", "ctl"))
 _memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, output shape, device)
 _MEMO_MAX = 1024
 
@@ -82,7 +88,7 @@ def spec_cache(slots: int, H: int, HV: int, T: int, K: int, V: int, *, dtype: to
         raise ValueError(f"HV: expected a multiple of H={H}, got {HV}")
     if not 1 <= T <= MAX_T:
         raise ValueError(f"T: expected 1..{MAX_T}, got {T}")
-    if dtype not in _IN_DTYPES:
+    if dtype not in IN_DTYPES:
         raise DtypeError(f"dtype: expected torch.bfloat16 or torch.float16, got {dtype}")
     lead = (slots, 2) if layers is None else (layers, slots, 2)
     return SpecCache(torch.empty((*lead, H, T, K), dtype=dtype, device=device),
@@ -90,10 +96,6 @@ def spec_cache(slots: int, H: int, HV: int, T: int, K: int, V: int, *, dtype: to
                      torch.empty((*lead, HV, T), dtype=torch.float32, device=device),
                      torch.empty((*lead, HV, T), dtype=torch.float32, device=device),
                      torch.zeros((*lead[:-1], 2), dtype=torch.int32, device=device))
-
-
-def _sig(x):
-    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
 
 
 def gated_delta_rule_spec_step(
@@ -149,17 +151,19 @@ def gated_delta_rule_spec_step(
     except (AttributeError, TypeError, RuntimeError, ValueError):  # a non-tensor argument: the checks report it
         sig = hit = None
     if hit is None:
-        output, call = _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, scale,
-                                use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id, output)
+        output, call = prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, scale,
+                               use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id, output)
         if call is None:
             return output
-        bound, dev = RUNNER.bind(call, _POINTERS), call.device
+        bound, dev = RUNNER.bind(call), call.device
         remember(_memo, sig, (bound, tuple(output.shape), dev), config, _MEMO_MAX)
     else:
         bound, out_shape, dev = hit
         if output is None:
             output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    launch_on(dev, bound, _pointers(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, output))
+    launch_on(dev, bound, STEP.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), A_log.data_ptr(), a.data_ptr(),
+                                    dt_bias.data_ptr(), b.data_ptr(), state.data_ptr(), state_indices.data_ptr(),
+                                    output.data_ptr(), num_accepted.data_ptr(), *(x.data_ptr() for x in cache)))
     return output
 
 
@@ -177,27 +181,16 @@ def gated_delta_rule_spec_flush(state: torch.Tensor, state_indices: torch.Tensor
     except (AttributeError, TypeError, RuntimeError, ValueError):
         sig = hit = None
     if hit is None:
-        _, call = _prepare(None, None, None, None, None, None, None, state, state_indices, num_accepted, cache, None,
-                           use_qk_l2norm, 1.0, 20.0, null_block_id, None, flush=True)
+        _, call = prepare(None, None, None, None, None, None, None, state, state_indices, num_accepted, cache, None,
+                          use_qk_l2norm, 1.0, 20.0, null_block_id, None, flush=True)
         if call is None:
             return
-        bound, dev = RUNNER.bind(call, _POINTERS), call.device
+        bound, dev = RUNNER.bind(call), call.device
         remember(_memo, sig, (bound, None, dev), config, _MEMO_MAX)
     else:
         bound, _, dev = hit
-    launch_on(dev, bound, _pointers(None, None, None, None, None, None, None, state, state_indices, num_accepted,
-                                    cache, None))
-
-
-def _ptr(x) -> int:
-    return 0 if x is None else x.data_ptr()
-
-
-def _pointers(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, output) -> tuple:
-    """The bound launch's pointer arguments, in gdn._POINTERS order."""
-    return (_ptr(q), _ptr(k), _ptr(v), _ptr(A_log), _ptr(a), _ptr(dt_bias), _ptr(b), state.data_ptr(),
-            state_indices.data_ptr(), 0, _ptr(output), 0, 0, 0, num_accepted.data_ptr(), 0, 0, cache[0].data_ptr(),
-            cache[1].data_ptr(), cache[2].data_ptr(), cache[3].data_ptr(), 0, 0, cache[4].data_ptr())
+    launch_on(dev, bound, FLUSH.pack(state.data_ptr(), state_indices.data_ptr(), num_accepted.data_ptr(),
+                                     *(x.data_ptr() for x in cache)))
 
 
 def _check_cache(cache, slots: int, H: int, HV: int, T: Optional[int], K: int, V: int, in_dtype, device) -> int:
@@ -211,7 +204,7 @@ def _check_cache(cache, slots: int, H: int, HV: int, T: Optional[int], K: int, V
         raise ValueError(f"cache.k: expected T={T} tokens (dim 3, q's tokens per request), got shape {tuple(ck.shape)}")
     if not 1 <= Tc <= MAX_T:
         raise ValueError(f"cache.k: the cached tokens T (dim 3) must be in 1..{MAX_T}, got {Tc}")
-    dtypes = (in_dtype,) if in_dtype is not None else _IN_DTYPES
+    dtypes = (in_dtype,) if in_dtype is not None else IN_DTYPES
     _v.dense_buffer("cache.k", ck, (slots, 2, H, Tc, K), dtypes, device, "[slots, 2, H, T, K]")
     _v.dense_buffer("cache.v", cache[1], (slots, 2, HV, Tc, V), (ck.dtype,), device, "[slots, 2, HV, T, V]")
     _v.dense_buffer("cache.g", cache[2], (slots, 2, HV, Tc), (torch.float32,), device, "[slots, 2, HV, T]",
@@ -229,12 +222,12 @@ def _vector(name: str, x, B: int, dtypes, device) -> None:
     _v.shape_is(name, x, (B,), f"[B={B}]")
 
 
-def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, scale, use_qk_l2norm,
-             softplus_beta, softplus_threshold, null_block_id, output, *, flush: bool = False,
-             require_cuda: bool = True):
+def prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, scale, use_qk_l2norm,
+            softplus_beta, softplus_threshold, null_block_id, output, *, flush: bool = False,
+            require_cuda: bool = True):
     """Every check; ``(output, call)`` with the named :class:`~gdnjit.runner.KernelCall` (None: nothing to run)."""
     (_v.cuda_tensor if require_cuda else _v.tensor)("state", state, 4)
-    _v.dtype_in("state", state, _STATE_DTYPES)
+    _v.dtype_in("state", state, STATE_DTYPES)
     device = state.device
     slots, HV, V, K = state.shape
     if K not in SUPPORTED_DIMS or V not in SUPPORTED_DIMS:
@@ -261,12 +254,11 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
                              f"{tuple(cache[0].shape) if H else None}")
         T = _check_cache(cache, slots, H, HV, None, K, V, None, device)
         in_dtype, out_dtype, dtb_dtype = cache[0].dtype, cache[0].dtype, torch.float32
-        strides = dict.fromkeys(("q_sn", "q_st", "q_sh", "k_sn", "k_st", "k_sh", "v_sn", "v_st", "v_sh", "a_sn",
-                                 "a_st", "a_sh", "b_sn", "b_st", "b_sh", "o_sn", "o_st", "o_sh"), 0)
+        strides = {}  # no token inputs: their strides keep the spec's defaults (0)
         scale, zero_padding = 1.0, False
     else:
         _v.tensor("q", q, 4)
-        if q.dtype not in _IN_DTYPES:
+        if q.dtype not in IN_DTYPES:
             raise DtypeError(f"q: expected dtype bfloat16 or float16, got {str(q.dtype).replace('torch.', '')}")
         _v.same_device("q", q, device)
         B_q, T, H, Kq = q.shape
@@ -302,7 +294,7 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
         if output is None:
             output = torch.empty((B, T, HV, V), dtype=q.dtype, device=device)
         else:
-            _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", _OUT_DTYPES, device)
+            _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", OUT_DTYPES, device)
         in_dtype, out_dtype, dtb_dtype = q.dtype, output.dtype, dt_bias.dtype
         strides = {}
         for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b), ("o", output)):
@@ -310,25 +302,23 @@ def _prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, 
     if B == 0:
         return output, None
 
-    params = dict(layout="klast", K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[in_dtype], out_dtype=_v.FLOAT_NAMES[out_dtype],
+    params = dict(K=K, V=V, T=T, in_dtype=_v.FLOAT_NAMES[in_dtype], out_dtype=_v.FLOAT_NAMES[out_dtype],
                   state_dtype=_v.FLOAT_NAMES[state.dtype], dtb_dtype=_v.FLOAT_NAMES[dtb_dtype], pool=True,
-                  idx_dtype=_v.INDEX_NAMES[state_indices.dtype], same_pool=True, inter_dtype="none",
-                  ssm_idx_dtype="none", update=False, l2norm=use_qk_l2norm, slot_strided=False, varlen=False,
-                  bounded=False, accepted=False, tree=False, inter_indexed=False,
-                  null_slot="negative", padding="skip",  # the null block: min_slot, an argument
+                  idx_dtype=_v.INDEX_NAMES[state_indices.dtype], update=False, l2norm=use_qk_l2norm,
                   gates="given" if flush else "raw",  # a flush has no gate inputs (its g / beta are the cached ones)
-                  replay_cache=False, replay=False, track=False, fused_step="flush" if flush else "step", write_once=False)
+                  fused_step="flush" if flush else "step")  # padding: the null block is min_slot, an argument
     args = dict(
-        q=_ptr(q), k=_ptr(k), v=_ptr(v), A_log=_ptr(A_log), a=_ptr(a), dt_bias=_ptr(dt_bias), b=_ptr(b),
-        state=state.data_ptr(), read_idx=state_indices.data_ptr(), write_idx=0, out=_ptr(output), inter=0, ssm_idx=0,
-        cu=0, acc=num_accepted.data_ptr(), parent=0, inter_idx=0, rk=cache[0].data_ptr(), rv=cache[1].data_ptr(),
-        rg=cache[2].data_ptr(), rb=cache[3].data_ptr(), trk_idx=0, trk_step=0, ctl=cache[4].data_ptr(),
-        slot_stride=state.stride(0), pool_size=slots, **strides, inter_sn=0, ssm_sn=0, ssm_st=0, B=B, H=H, HV=HV,
-        scale=scale, softplus_beta=float(softplus_beta), softplus_threshold=float(softplus_threshold), zero_padding=int(zero_padding),
-        s_head=V * K, s_row=K, read_sn=state_indices.stride(0), read_cols=1, parent_sn=0, inter_rows=0, layer_rows=0,
-        layer_slots=0, gate_sh=0 if A_log is None else A_log.stride(0), dtb_sh=0 if dt_bias is None else dt_bias.stride(0),
-        beta_round=0, rc_len=0, min_slot=null_block_id + 1,
+        state=state.data_ptr(), read_idx=state_indices.data_ptr(), acc=num_accepted.data_ptr(),
+        rk=cache[0].data_ptr(), rv=cache[1].data_ptr(), rg=cache[2].data_ptr(), rb=cache[3].data_ptr(),
+        ctl=cache[4].data_ptr(), slot_stride=state.stride(0), pool_size=slots, **strides, B=B, H=H, HV=HV,
+        scale=scale, softplus_beta=float(softplus_beta), softplus_threshold=float(softplus_threshold),
+        zero_padding=int(zero_padding), s_head=V * K, s_row=K, read_sn=state_indices.stride(0),
+        min_slot=null_block_id + 1,
     )
-    dev = device.index if device.index is not None else (torch.cuda.current_device() if require_cuda else 0)
-    return output, KernelCall(get_spec("gdn"), params, dict(B=B, H=H, HV=HV), args, dev,
-                              pdl=uses_pdl(dev) if require_cuda else False)
+    if not flush:
+        args.update(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), A_log=A_log.data_ptr(), a=a.data_ptr(),
+                    dt_bias=dt_bias.data_ptr(), b=b.data_ptr(), out=output.data_ptr(), gate_sh=A_log.stride(0),
+                    dtb_sh=dt_bias.stride(0))
+    dev = launch_device(device, require_cuda)
+    return output, (FLUSH if flush else STEP).call(params, dict(B=B, H=H, HV=HV), args, dev,
+                                                   pdl=uses_pdl(dev) if require_cuda else False)

@@ -19,44 +19,13 @@ Two ways to call each op:
   nothing; the state (direct state or pool), the output and the intermediate buffer are declared
   mutated (``Tensor(a!)``) and are written in place.
 
-Schemas (``torch.ops.gdnjit.<name>.default._schema``)::
-
-    gated_delta_rule_decode_pretranspose(Tensor q, Tensor k, Tensor v, Tensor(a!)? state,
-        Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output,
-        bool use_qk_l2norm, Tensor(c!)? initial_state, Tensor? initial_state_indices,
-        Tensor? output_state_indices, Tensor(d!)? intermediate_states_buffer, bool disable_state_update,
-        bool zero_padding) -> ()
-    gated_delta_rule_decode(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor A_log, Tensor a,
-        Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output, bool use_qk_l2norm) -> ()
-    gated_delta_rule_mtp(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state,
-        Tensor initial_state_indices, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, float? scale,
-        Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, Tensor? ssm_state_indices,
-        bool disable_state_update, bool use_qk_l2norm, Tensor? output_state_indices, bool zero_padding,
-        bool write_once=False) -> ()
-    nvfp4_quantize(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout,
-        bool do_shuffle, int sf_vec_size, bool? enable_pdl, str backend, bool fast_math, bool per_token,
-        str four_over_six, int e4m3_max, Tensor? row_map, Tensor? out_scale, float out_scale_value)
-        -> (Tensor, Tensor, Tensor)
-    causal_conv1d_update(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu,
-        Tensor? conv_state_indices, Tensor? num_accepted_tokens, Tensor? query_start_loc,
-        int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()
-    engine_step(Tensor q, Tensor k, Tensor v, Tensor? A_log, Tensor a, Tensor? dt_bias, Tensor b,
-        Tensor(a!) state, int T, Tensor read_idx, Tensor? cu_seqlens, Tensor? num_accepted, Tensor? ssm_idx,
-        Tensor(b!)? inter, Tensor? inter_idx, Tensor? parent, bool bounded, bool update, str null_slot, str padding,
-        str gates, float? scale, bool l2norm, float softplus_beta, float softplus_threshold,
-        Tensor(c!) output, Tensor(d!)? rawv, Tensor(e!)? rawk, Tensor(f!)? g_cache, Tensor(g!)? beta_cache,
-        bool zero_padding, bool round_beta) -> ()
-    spec_step(Tensor q, Tensor k, Tensor v, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor(a!) state,
-        Tensor state_indices, Tensor num_accepted, Tensor(b!) cache_k, Tensor(c!) cache_v, Tensor(d!) cache_g,
-        Tensor(e!) cache_beta, Tensor(f!) cache_ctl, float? scale, bool use_qk_l2norm, float softplus_beta,
-        float softplus_threshold, int null_block_id, Tensor(g!) output) -> ()
+The schemas are declared once, by name, in ``SCHEMAS`` below (``torch.ops.gdnjit.<name>.default._schema`` shows
+what is registered).
 
 ``engine_step`` is :func:`gdnjit.gdn_engine.engine_step`, the one kernel call behind :mod:`gdnjit.compat`'s
 vLLM and SGLang entry points (which call it through this op while torch.compile traces). ``spec_step`` is
 :func:`gdnjit.gated_delta_rule_spec_step` (the wrapper takes a :class:`gdnjit.SpecCache` and allocates a zeroed
 output when none is given).
-    dequantize_nvfp4(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value,
-        int sfLayout, SymInt m, SymInt k) -> Tensor
 
 The NVFP4 global scale is a tensor (``a_global_sf``, read by the kernel: graph-safe) or a Python
 float (``a_global_sf_value``, used when the tensor is None); the wrappers split it for you.
@@ -108,50 +77,58 @@ __all__ = [
 ]
 
 NAMESPACE = "gdnjit"
-OP_NAMES = (
-    "gated_delta_rule_decode_pretranspose",
-    "gated_delta_rule_decode",
-    "gated_delta_rule_mtp",
-    "nvfp4_quantize",
-    "dequantize_nvfp4",
-    "causal_conv1d_update",
-    "engine_step",
-    "spec_step",
-    "gated_delta_rule_replayssm_commit",
-)
-
-# Schemas, in OP_NAMES order (spelled out so the documented form is exactly what is registered).
-SCHEMAS = (
-    "(Tensor q, Tensor k, Tensor v, Tensor(a!)? state, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, "
-    "float? scale, Tensor(b!) output, bool use_qk_l2norm, Tensor(c!)? initial_state, Tensor? initial_state_indices, "
-    "Tensor? output_state_indices, Tensor(d!)? intermediate_states_buffer, bool disable_state_update, "
-    "bool zero_padding) -> ()",
-    "(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, "
-    "float? scale, Tensor(b!) output, bool use_qk_l2norm) -> ()",
-    "(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state, Tensor initial_state_indices, Tensor A_log, "
-    "Tensor a, Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, "
-    "Tensor? ssm_state_indices, bool disable_state_update, bool use_qk_l2norm, "
-    "Tensor? output_state_indices, bool zero_padding, bool write_once=False) -> ()",
-    "(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, bool do_shuffle, int sf_vec_size, "
-    "bool? enable_pdl, str backend, bool fast_math, bool per_token, str four_over_six, int e4m3_max, Tensor? row_map, "
-    "Tensor? out_scale, float out_scale_value) -> (Tensor, Tensor, Tensor)",
-    "(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, SymInt m, "
-    "SymInt k) -> Tensor",
-    "(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu, Tensor? conv_state_indices, "
-    "Tensor? num_accepted_tokens, Tensor? query_start_loc, int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()",
-    "(Tensor q, Tensor k, Tensor v, Tensor? A_log, Tensor a, Tensor? dt_bias, Tensor b, Tensor(a!) state, int T, "
-    "Tensor read_idx, Tensor? cu_seqlens, Tensor? num_accepted, Tensor? ssm_idx, Tensor(b!)? inter, "
-    "Tensor? inter_idx, Tensor? parent, bool bounded, bool update, str null_slot, str padding, str gates, float? scale, "
-    "bool l2norm, float softplus_beta, float softplus_threshold, Tensor(c!) output, Tensor(d!)? rawv, "
-    "Tensor(e!)? rawk, Tensor(f!)? g_cache, Tensor(g!)? beta_cache, bool zero_padding, bool round_beta) -> ()",
-    "(Tensor q, Tensor k, Tensor v, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor(a!) state, "
-    "Tensor state_indices, Tensor num_accepted, Tensor(b!) cache_k, Tensor(c!) cache_v, Tensor(d!) cache_g, "
-    "Tensor(e!) cache_beta, Tensor(f!) cache_ctl, float? scale, bool use_qk_l2norm, float softplus_beta, "
-    "float softplus_threshold, int null_block_id, Tensor(g!) output) -> ()",
-    "(Tensor(a!) checkpoint_state, Tensor rawv_cache, Tensor rawk_cache, Tensor g_cache, Tensor beta_cache, "
-    "Tensor state_indices, Tensor accept_lens, Tensor? track_state_indices, Tensor? track_steps, bool use_qk_l2norm, "
-    "int null_block_id, str backend) -> ()",
-)
+# Each op's schema, by name: the one declaration (registered below; ``torch.ops.gdnjit.<name>.default._schema``
+# prints it back). The ops are registered in this order.
+SCHEMAS = {
+    "gated_delta_rule_decode_pretranspose": (
+        "(Tensor q, Tensor k, Tensor v, Tensor(a!)? state, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, "
+        "float? scale, Tensor(b!) output, bool use_qk_l2norm, Tensor(c!)? initial_state, Tensor? initial_state_indices, "
+        "Tensor? output_state_indices, Tensor(d!)? intermediate_states_buffer, bool disable_state_update, "
+        "bool zero_padding) -> ()"
+    ),
+    "gated_delta_rule_decode": (
+        "(Tensor q, Tensor k, Tensor v, Tensor(a!) state, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, "
+        "float? scale, Tensor(b!) output, bool use_qk_l2norm) -> ()"
+    ),
+    "gated_delta_rule_mtp": (
+        "(Tensor q, Tensor k, Tensor v, Tensor(a!) initial_state, Tensor initial_state_indices, Tensor A_log, "
+        "Tensor a, Tensor dt_bias, Tensor b, float? scale, Tensor(b!) output, Tensor(c!)? intermediate_states_buffer, "
+        "Tensor? ssm_state_indices, bool disable_state_update, bool use_qk_l2norm, "
+        "Tensor? output_state_indices, bool zero_padding, bool write_once=False) -> ()"
+    ),
+    "nvfp4_quantize": (
+        "(Tensor a, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, bool do_shuffle, int sf_vec_size, "
+        "bool? enable_pdl, str backend, bool fast_math, bool per_token, str four_over_six, int e4m3_max, Tensor? row_map, "
+        "Tensor? out_scale, float out_scale_value) -> (Tensor, Tensor, Tensor)"
+    ),
+    "dequantize_nvfp4": (
+        "(Tensor fp4, Tensor sf, Tensor? a_global_sf, float a_global_sf_value, int sfLayout, SymInt m, "
+        "SymInt k) -> Tensor"
+    ),
+    "causal_conv1d_update": (
+        "(Tensor x, Tensor(a!) conv_state, Tensor weight, Tensor? bias, bool silu, Tensor? conv_state_indices, "
+        "Tensor? num_accepted_tokens, Tensor? query_start_loc, int max_query_len, int? pad_slot_id, Tensor(b!) out) -> ()"
+    ),
+    "engine_step": (
+        "(Tensor q, Tensor k, Tensor v, Tensor? A_log, Tensor a, Tensor? dt_bias, Tensor b, Tensor(a!) state, int T, "
+        "Tensor read_idx, Tensor? cu_seqlens, Tensor? num_accepted, Tensor? ssm_idx, Tensor(b!)? inter, "
+        "Tensor? inter_idx, Tensor? parent, bool bounded, bool update, str null_slot, str padding, str gates, float? scale, "
+        "bool l2norm, float softplus_beta, float softplus_threshold, Tensor(c!) output, Tensor(d!)? rawv, "
+        "Tensor(e!)? rawk, Tensor(f!)? g_cache, Tensor(g!)? beta_cache, bool zero_padding, bool round_beta) -> ()"
+    ),
+    "spec_step": (
+        "(Tensor q, Tensor k, Tensor v, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor(a!) state, "
+        "Tensor state_indices, Tensor num_accepted, Tensor(b!) cache_k, Tensor(c!) cache_v, Tensor(d!) cache_g, "
+        "Tensor(e!) cache_beta, Tensor(f!) cache_ctl, float? scale, bool use_qk_l2norm, float softplus_beta, "
+        "float softplus_threshold, int null_block_id, Tensor(g!) output) -> ()"
+    ),
+    "gated_delta_rule_replayssm_commit": (
+        "(Tensor(a!) checkpoint_state, Tensor rawv_cache, Tensor rawk_cache, Tensor g_cache, Tensor beta_cache, "
+        "Tensor state_indices, Tensor accept_lens, Tensor? track_state_indices, Tensor? track_steps, bool use_qk_l2norm, "
+        "int null_block_id, str backend) -> ()"
+    ),
+}
+OP_NAMES = tuple(SCHEMAS)
 
 # ---- CPU implementations (torch reference, float32) -------------------------------------------
 
@@ -162,7 +139,7 @@ def _reference_gdn(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_
     torch reference in float32 and write the results in place."""
     from .reference.gdn import gdn_reference
 
-    _gdn._prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
+    _gdn.prepare(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_idx, scale, output, inter, ssm,
                   update, l2norm, direct, require_cuda=False, zero_padding=zero_padding)
     if q.shape[0] == 0:
         return
@@ -185,7 +162,7 @@ def _reference_gdn(layout, q, k, v, A_log, a, dt_bias, b, pool, read_idx, write_
 
 @torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_decode_pretranspose",
                          mutates_args=("state", "output", "initial_state", "intermediate_states_buffer"),
-                         schema=SCHEMAS[0])
+                         schema=SCHEMAS["gated_delta_rule_decode_pretranspose"])
 def _decode_pretranspose_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: Optional[torch.Tensor], A_log: torch.Tensor,
     a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float], output: torch.Tensor,
@@ -195,7 +172,7 @@ def _decode_pretranspose_op(
 ) -> None:
     pool, read, write, direct = _gdn.pool_args(state, initial_state, initial_state_indices, output_state_indices)
     if q.device.type != "cpu":
-        _gdn._run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
+        _gdn.run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
                   None, not disable_state_update, use_qk_l2norm, direct=direct, zero_padding=zero_padding)
         return
     _reference_gdn("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output,
@@ -209,7 +186,7 @@ def _(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm, initia
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_decode", mutates_args=("state", "output"),
-                         schema=SCHEMAS[1])
+                         schema=SCHEMAS["gated_delta_rule_decode"])
 def _decode_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor,
     dt_bias: torch.Tensor, b: torch.Tensor, scale: Optional[float], output: torch.Tensor, use_qk_l2norm: bool,
@@ -228,7 +205,8 @@ def _(q, k, v, state, A_log, a, dt_bias, b, scale, output, use_qk_l2norm) -> Non
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_mtp",
-                         mutates_args=("initial_state", "output", "intermediate_states_buffer"), schema=SCHEMAS[2])
+                         mutates_args=("initial_state", "output", "intermediate_states_buffer"),
+                         schema=SCHEMAS["gated_delta_rule_mtp"])
 def _mtp_op(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, initial_state: torch.Tensor,
     initial_state_indices: torch.Tensor, A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor,
@@ -238,7 +216,7 @@ def _mtp_op(
     zero_padding: bool, write_once: bool = False,
 ) -> None:
     if q.device.type != "cpu":
-        _gdn._run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
+        _gdn.run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, output_state_indices,
                   scale, output, intermediate_states_buffer, ssm_state_indices, not disable_state_update,
                   use_qk_l2norm, direct=False, zero_padding=zero_padding, write_once=write_once)
         return
@@ -291,7 +269,7 @@ def gated_delta_rule_decode(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_decode` (K-major state) through ``torch.ops.gdnjit``; returns
     ``(output, state)``."""
-    _gdn.check_backend(backend, _gdn._BACKENDS_DECODE)
+    _gdn.check_backend(backend, _gdn.BACKENDS_DECODE)
     out = _output(q, v, output)
     torch.ops.gdnjit.gated_delta_rule_decode(q, k, v, state, A_log, a, dt_bias, b, scale, out, use_qk_l2norm)
     return out, state
@@ -314,9 +292,10 @@ def gated_delta_rule_mtp(
     caches = _gdn.replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
     if caches is not None:
         _gdn.no_recovery(accepted_steps, recovery_steps, disable_output)
-        return _gdn.replay_verify(engine_step, q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b,
-                                  scale, output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
-                                  use_qk_l2norm, output_state_indices, caches)
+        args, kwargs = _gdn.replay_verify_call(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b,
+                                               scale, output, intermediate_states_buffer, ssm_state_indices,
+                                               disable_state_update, use_qk_l2norm, output_state_indices, caches)
+        return engine_step(*args, **kwargs), initial_state
     frozen, zero_padding = _gdn.mtp_flags(output, disable_state_update)
     rec = _recovery.plan(q, initial_state_indices, output_state_indices, ssm_state_indices, intermediate_states_buffer,
                          frozen, accepted_steps, recovery_steps, disable_output)
@@ -347,7 +326,7 @@ def _round_up(x, m):
     return (x + m - 1) // m * m
 
 
-@torch.library.custom_op(f"{NAMESPACE}::nvfp4_quantize", mutates_args=(), schema=SCHEMAS[3])
+@torch.library.custom_op(f"{NAMESPACE}::nvfp4_quantize", mutates_args=(), schema=SCHEMAS["nvfp4_quantize"])
 def _nvfp4_quantize_op(
     a: torch.Tensor, a_global_sf: Optional[torch.Tensor], a_global_sf_value: float, sfLayout: int,
     do_shuffle: bool, sf_vec_size: int, enable_pdl: Optional[bool], backend: str, fast_math: bool, per_token: bool,
@@ -386,7 +365,7 @@ def _(a, a_global_sf, a_global_sf_value, sfLayout, do_shuffle, sf_vec_size, enab
             a.new_empty((M if per_token else 0,), dtype=torch.float32))
 
 
-@torch.library.custom_op(f"{NAMESPACE}::dequantize_nvfp4", mutates_args=(), schema=SCHEMAS[4])
+@torch.library.custom_op(f"{NAMESPACE}::dequantize_nvfp4", mutates_args=(), schema=SCHEMAS["dequantize_nvfp4"])
 def _dequantize_nvfp4_op(
     fp4: torch.Tensor, sf: torch.Tensor, a_global_sf: Optional[torch.Tensor], a_global_sf_value: float,
     sfLayout: int, m: int, k: int,
@@ -403,16 +382,16 @@ def _(fp4, sf, a_global_sf, a_global_sf_value, sfLayout, m, k):
 def nvfp4_quantize(a: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4, do_shuffle: bool = False,
                    sf_vec_size: int = 16, enable_pdl: Optional[bool] = None, backend: str = "gdnjit",
                    per_token_activation: bool = False, expanded_idx_to_permuted_idx: Optional[torch.Tensor] = None,
-                   out_scale: Optional[torch.Tensor] = None, nvfp4_4over6=_nvfp4._UNSET, *,
+                   out_scale: Optional[torch.Tensor] = None, nvfp4_4over6=_nvfp4.UNSET, *,
                    fast_math: Optional[bool] = None) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.nvfp4_quantize` through ``torch.ops.gdnjit``; returns ``(fp4, sf)``, or ``(fp4, sf,
     per_token_scale)`` with ``per_token_activation``. The recipe switches (``fast_math``, ``nvfp4_4over6`` or
     FlashInfer's environment variables) are read here, per call, and passed to the op."""
-    four6 = _nvfp4._check_flashinfer_extras(a, a_global_sf, backend, per_token_activation,
+    four6 = _nvfp4.check_flashinfer_extras(a, a_global_sf, backend, per_token_activation,
                                             expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6)
-    fast = _nvfp4._recipe(fast_math, getattr(a, "dtype", None)) == "fast"
+    fast = _nvfp4.choose_recipe(fast_math, getattr(a, "dtype", None)) == "fast"
     t, value = _split_global_sf(a_global_sf)
-    layout = int(_nvfp4._layout(sfLayout))
+    layout = int(_nvfp4.to_layout(sfLayout))
     # out_scale: a tensor (read by the kernel) or a number (a kernel argument: no copy, graph-safe); none = 1
     osc, osc_value = (out_scale, 1.0) if isinstance(out_scale, torch.Tensor) or out_scale is None else (None, out_scale)
     fp4, sf, pts = torch.ops.gdnjit.nvfp4_quantize(
@@ -427,14 +406,15 @@ def dequantize_nvfp4(fp4: torch.Tensor, sf: torch.Tensor, a_global_sf, sfLayout=
     """:func:`gdnjit.dequantize_nvfp4` through ``torch.ops.gdnjit``; float32 ``[m, k]``."""
     m, k = _nvfp4.rows_and_cols(fp4, m, k)
     t, value = _split_global_sf(a_global_sf)
-    layout = int(_nvfp4._layout(sfLayout))
+    layout = int(_nvfp4.to_layout(sfLayout))
     return torch.ops.gdnjit.dequantize_nvfp4(fp4, sf, t, value, layout, m, k)
 
 
 # ---- causal conv1d ----------------------------------------------------------------------------
 
 
-@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d_update", mutates_args=("conv_state", "out"), schema=SCHEMAS[5])
+@torch.library.custom_op(f"{NAMESPACE}::causal_conv1d_update", mutates_args=("conv_state", "out"),
+                         schema=SCHEMAS["causal_conv1d_update"])
 def _conv_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
              silu: bool, conv_state_indices: Optional[torch.Tensor], num_accepted_tokens: Optional[torch.Tensor],
              query_start_loc: Optional[torch.Tensor], max_query_len: int, pad_slot_id: Optional[int],
@@ -446,7 +426,7 @@ def _conv_op(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor, bi
         return
     from .reference.conv import conv_reference
 
-    _conv._prepare(*args, out, require_cuda=False)  # the CUDA path's checks
+    _conv.prepare(*args, out, require_cuda=False)  # the CUDA path's checks
     ref, state = conv_reference(*args, dtype=torch.float32)
     out.copy_(ref)
     conv_state.copy_(state)
@@ -483,7 +463,7 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
 
 @torch.library.custom_op(f"{NAMESPACE}::engine_step",
                          mutates_args=("state", "inter", "output", "rawv", "rawk", "g_cache", "beta_cache"),
-                         schema=SCHEMAS[6])
+                         schema=SCHEMAS["engine_step"])
 def _engine_op(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter,
                inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta,
                softplus_threshold, output, rawv, rawk, g_cache, beta_cache, zero_padding, round_beta) -> None:
@@ -496,7 +476,7 @@ def _engine_op(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, nu
         _engine.engine_step(q, k, v, A_log, a, dt_bias, b, state, output=output, replay_cache=caches,
                             zero_padding=zero_padding, round_beta=round_beta, **kw)
         return
-    _engine._prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter,
+    _engine.prepare(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx, inter,
                      inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm, softplus_beta,
                      softplus_threshold, output, require_cuda=False, replay_cache=caches, zero_padding=zero_padding,
                      round_beta=round_beta)
@@ -541,7 +521,7 @@ def engine_step(q, k, v, A_log, a, dt_bias, b, state, *, T, read_idx, cu_seqlens
 
 @torch.library.custom_op(f"{NAMESPACE}::spec_step",
                          mutates_args=("state", "cache_k", "cache_v", "cache_g", "cache_beta", "cache_ctl", "output"),
-                         schema=SCHEMAS[7])
+                         schema=SCHEMAS["spec_step"])
 def _spec_step_op(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache_k, cache_v, cache_g,
                   cache_beta, cache_ctl, scale, use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id,
                   output) -> None:
@@ -552,7 +532,7 @@ def _spec_step_op(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accep
         _spec.gated_delta_rule_spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache,
                                          output=output, **kw)
         return
-    _spec._prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, scale, use_qk_l2norm,
+    _spec.prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache, scale, use_qk_l2norm,
                    softplus_beta, softplus_threshold, null_block_id, output, require_cuda=False)
     ref = spec_step_reference(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, cache,
                               dtype=torch.float32, **kw)
@@ -585,7 +565,7 @@ def spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted,
 
 
 @torch.library.custom_op(f"{NAMESPACE}::gated_delta_rule_replayssm_commit", mutates_args=("checkpoint_state",),
-                         schema=SCHEMAS[8])
+                         schema=SCHEMAS["gated_delta_rule_replayssm_commit"])
 def _commit_op(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
                track_state_indices, track_steps, use_qk_l2norm, null_block_id, backend) -> None:
     kw = dict(track_state_indices=track_state_indices, track_steps=track_steps, use_qk_l2norm=use_qk_l2norm,
@@ -595,7 +575,7 @@ def _commit_op(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, st
                                                   state_indices, accept_lens, backend=backend, **kw)
         return
     _replay.check_backend(backend)
-    _replay._prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
+    _replay.prepare(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache, state_indices, accept_lens,
                      track_state_indices, track_steps, use_qk_l2norm, null_block_id, require_cuda=False)
     if backend == "tcgen05":
         _replay.refuse_tcgen05(rawk_cache.shape[3], use_qk_l2norm, track_steps is not None)

@@ -2,7 +2,7 @@
 
 (a) the spec loader (``parse_spec`` on mutated copies of the shipped ``gdn.yaml``),
 (b) the shapes loader (``load_shapes`` on mutated copies of ``qwen35.yaml``),
-(c) the GDN API argument checks (the public functions, with ``_prepare(require_cuda=False)`` so CPU
+(c) the GDN API argument checks (the public functions, with ``prepare(require_cuda=False)`` so CPU
     tensors reach every check), against an independent oracle of the documented rules
     (docs/api.md): invalid input raises TypeError/ValueError naming an offending argument and never
     reaches dispatch or a launch; valid input reaches dispatch.
@@ -51,6 +51,13 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
+
+
+def _jinja_env():
+    """The sandboxed Jinja environment of spec expressions (gdnjit.expr_jinja, imported on first need)."""
+    from gdnjit.expr_jinja import ENV
+
+    return ENV
 
 
 # ---- shared: documents and their mutation --------------------------------------------------------
@@ -329,8 +336,8 @@ def test_fuzz_check_expr_agrees_with_compile_expr(text):
     if checked[0] != "ok":
         assert checked == compiled, text
         return
-    ast = expr._ENV.parse("{{ " + text + " }}")
-    assert checked[1] == set(jinja2.meta.find_undeclared_variables(ast)) - set(expr._ENV.globals), text
+    ast = _jinja_env().parse("{{ " + text + " }}")
+    assert checked[1] == set(jinja2.meta.find_undeclared_variables(ast)) - set(_jinja_env().globals), text
 
 
 _FAST_CONTEXTS = ({"K": 3, "B": 5, "x": 2, "é": -1, "y": 1.5}, {"K": 0, "B": "a", "x": (1, 2)}, {"K": 7})
@@ -352,7 +359,7 @@ def test_fuzz_the_python_fast_path_evaluates_as_jinja(text):
             event("left to Jinja")
             return
         event("fast path")
-        jinja = expr._ENV.compile_expression(text, undefined_to_none=False)
+        jinja = _jinja_env().compile_expression(text, undefined_to_none=False)
         for ctx in _FAST_CONTEXTS:
             outcomes = []
             for fn in (jinja, expr._FastExpr(*fast)):
@@ -693,7 +700,7 @@ _MSG = re.compile(r"^(\w+)(?: and (\w+))?: \S")
 def no_launch():
     """Validation runs on CPU tensors; anything that gets past it raises Reached instead of dispatching."""
     mp = pytest.MonkeyPatch()
-    mp.setattr(gdn, "_prepare", functools.partial(gdn._prepare, require_cuda=False))
+    mp.setattr(gdn, "prepare", functools.partial(gdn.prepare, require_cuda=False))
 
     def reached(*a, **kw):
         raise Reached()
@@ -760,11 +767,11 @@ def test_oracle_agrees_on_the_plain_cases(no_launch):
 #             (ENAMETOOLONG from Path.is_file), which load_shapes does not turn into a SpecError.
 #   shapes-3  gdnjit/shapes.py load_shapes: an empty list for a call param silently expands to no
 #             problems (nothing to warm) instead of an error.
-#   gdn-1     gdnjit/gdn.py _run / _prepare: a sparse tensor argument raises RuntimeError ("Cannot
+#   gdn-1     gdnjit/gdn.py _run / prepare: a sparse tensor argument raises RuntimeError ("Cannot
 #             access data pointer of Tensor that doesn't have storage") instead of TypeError.
 #   gdn-2     gdnjit/validate.py real_number: scale=10**400 raises OverflowError; scale=1e300 passes
 #             validation and fails at launch (struct.pack 'f') after a compile.
-#   gdn-3     gdnjit/gdn.py _prepare: an output whose rows overlap in memory (stride 0, e.g. from
+#   gdn-3     gdnjit/gdn.py prepare: an output whose rows overlap in memory (stride 0, e.g. from
 #             expand) is accepted; the kernel's rows then race on the same elements.
 
 

@@ -1,5 +1,5 @@
 """gdnjit.gdn_engine: argument checks (one-line errors naming the argument) and the named call it builds, on CPU
-tensors (``_prepare(require_cuda=False)``); the engine variants compile without spills for sm_90."""
+tensors (``prepare(require_cuda=False)``); the engine variants compile without spills for sm_90."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from gdnjit import dispatch
-from gdnjit.gdn_engine import _prepare
+from gdnjit.gdn_engine import prepare
 from gdnjit.spec import get_spec
 from gdnjit.variant import Variant
 
@@ -31,7 +31,7 @@ def _args(N=3, T=4, varlen=True, sdt=torch.float32):
 def prep(**kw):
     d = _args(**{k: kw.pop(k) for k in ("N", "varlen", "sdt") if k in kw})
     d.update(kw)
-    return _prepare(*d.values(), require_cuda=False)
+    return prepare(*d.values(), require_cuda=False)
 
 
 def test_vllm_spec_call():
@@ -100,7 +100,7 @@ def test_varlen_needs_one_row():
     with pytest.raises(ValueError, match=r"q: with cu_seqlens expected shape \[1, total_tokens, H, K\]"):
         d = _args(varlen=False)
         d["cu_seqlens"] = torch.arange(0, 13, 4, dtype=torch.int32)
-        _prepare(*d.values(), require_cuda=False)
+        prepare(*d.values(), require_cuda=False)
 
 
 def test_given_gates_refuse_a_log():
@@ -157,7 +157,7 @@ def test_engine_variants_compile_without_spills(case):
 def test_round_beta_only_for_one_token_raw_gates():
     """round_beta (SGLang's packed decode: beta rounded to the input dtype) is a kernel argument compiled into the
     one-token variants only, so a multi-token or given-gates call asking for it is refused, not silently unrounded."""
-    from gdnjit.gdn_engine import _prepare as engine_prepare
+    from gdnjit.gdn_engine import prepare as engine_prepare
 
     d = _args(N=3, T=1, varlen=False)
     d.update(read_idx=torch.arange(3, dtype=torch.int32), num_accepted=None)

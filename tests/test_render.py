@@ -363,7 +363,9 @@ def test_referenced_templates_agree_with_jinjas_parser():
     """The regex scan the cache key uses finds exactly what Jinja's parser finds, in every shipped template."""
     import jinja2.meta
 
-    from gdnjit.render import _ENV, _source, referenced_templates
+    from gdnjit.render import _source, environment, referenced_templates
+
+    _ENV = environment()
 
     names = _ENV.loader.list_templates()
     assert len(names) >= 10

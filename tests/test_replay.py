@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from gdnjit import dispatch
-from gdnjit.gdn_engine import _prepare as engine_prepare
-from gdnjit.replay import _prepare, gated_delta_rule_replayssm_commit
+from gdnjit.gdn_engine import prepare as engine_prepare
+from gdnjit.replay import prepare, gated_delta_rule_replayssm_commit
 from gdnjit.spec import get_spec
 from gdnjit.variant import Variant
 
@@ -27,7 +27,7 @@ def _commit_args(**kw):
 
 
 def prep(**kw):
-    return _prepare(*_commit_args(**kw).values(), require_cuda=False)
+    return prepare(*_commit_args(**kw).values(), require_cuda=False)
 
 
 def test_commit_call():

@@ -13,7 +13,7 @@ import torch
 
 from gdnjit import config as _config
 from gdnjit import conv, gdn, nvfp4
-from gdnjit.runner import RUNNER, KernelCall, KernelInterfaceError, pointer_names
+from gdnjit.runner import RUNNER, KernelCall, KernelInterfaceError
 from gdnjit.spec import SPEC_DIR, get_spec, load_spec_file
 from gdnjit.gdn import NATIVE_CONVENTIONS
 
@@ -26,19 +26,19 @@ def _gdn_call() -> KernelCall:
     a = torch.randn(B, T, HV, dtype=torch.bfloat16)
     b = torch.randn_like(a)
     state = torch.randn(B, HV, V, K)
-    _, call = gdn._prepare("klast", q, k, v, torch.rand(HV), a, torch.randn(HV), b, state, None, None, None, None,
+    _, call = gdn.prepare("klast", q, k, v, torch.rand(HV), a, torch.randn(HV), b, state, None, None, None, None,
                            None, None, True, True, True, require_cuda=False)
     return call
 
 
 def _nvfp4_call() -> KernelCall:
-    return nvfp4._prepare(torch.randn(5, 64, dtype=torch.bfloat16), 2.0, require_cuda=False, arch="sm_90")[2]
+    return nvfp4.prepare(torch.randn(5, 64, dtype=torch.bfloat16), 2.0, require_cuda=False, arch="sm_90")[2]
 
 
 def _conv_call() -> KernelCall:
     x, state, w = torch.randn(3, 64, dtype=torch.bfloat16), torch.randn(4, 64, 3), torch.randn(64, 4)
     idx = torch.tensor([2, 0, -1], dtype=torch.int32)
-    return conv._prepare(x, state, w, None, "silu", idx, None, None, -1, -1, None, require_cuda=False)[1]
+    return conv.prepare(x, state, w, None, "silu", idx, None, None, -1, -1, None, require_cuda=False)[1]
 
 
 CALLS = {"gdn": _gdn_call, "nvfp4_quantize": _nvfp4_call, "causal_conv1d_update": _conv_call}
@@ -103,15 +103,6 @@ def test_a_missing_param_or_fact_is_refused_by_name():
         dataclasses.replace(call, params=params).param_values()
     with pytest.raises(KernelInterfaceError, match=r"facts: .*unknown \['num_sms'\]"):
         dataclasses.replace(call, facts=dict(call.facts, num_sms=132)).fact_values()
-
-
-def test_bound_pointers_must_be_the_specs_leading_pointer_args(tmp_path):
-    """gdn's memoised path passes pointers positionally; the runner checks their names when it binds."""
-    assert pointer_names(get_spec("gdn")) == gdn._POINTERS
-    swapped = _spec_copy(tmp_path, "gdn", lambda t: t.replace("  q: ptr\n  k: ptr\n", "  k: ptr\n  q: ptr\n", 1))
-    call = dataclasses.replace(_gdn_call(), spec=swapped)
-    with pytest.raises(KernelInterfaceError, match=r"leading pointer args \['k', 'q', "):
-        RUNNER.bind(call, gdn._POINTERS)
 
 
 def test_a_replaced_config_clears_the_runner_and_the_ops_memos(tmp_path):

@@ -161,9 +161,9 @@ def test_shipped_files_list_the_conv_shapes(fname):
 def test_shipped_files_warm_the_speculative_steps_the_ops_launch(fname):
     """The fused step, its flush and FlashInfer's ReplaySSM verify and commit, as the op modules build them (their
     KernelCall params), are among the shipped file's problems, so `gdnjit warm` compiles what they launch."""
-    from gdnjit.gdn_engine import _prepare as engine_prepare
-    from gdnjit.replay import _prepare as replay_prepare
-    from gdnjit.spec_step import _prepare as step_prepare, spec_cache
+    from gdnjit.gdn_engine import prepare as engine_prepare
+    from gdnjit.replay import prepare as replay_prepare
+    from gdnjit.spec_step import prepare as step_prepare, spec_cache
 
     probs = {(p.spec, tuple(sorted(dict(p.params).items()))) for p in load_shapes(fname)}
     bf = torch.bfloat16

@@ -28,6 +28,13 @@ GDN_LINES = GDN_TEXT.splitlines()
 FACTS = {"B": 1, "H": 16, "HV": 64, "num_sms": 132}
 
 
+def _jinja_env():
+    """The sandboxed Jinja environment of spec expressions (gdnjit.expr_jinja, imported on first need)."""
+    from gdnjit.expr_jinja import ENV
+
+    return ENV
+
+
 # ---- helpers ------------------------------------------------------------------------------
 # gdn.yaml evolves; the mutations below find their lines by structure (plain text search, not the
 # loader under test) so they keep pointing at the intended key.
@@ -822,8 +829,8 @@ def test_check_expr_refuses_exactly_what_compile_expr_refuses(text):
         return
     if checked[0] == "ok":
         import jinja2.meta
-        ast = gexpr._ENV.parse("{{ " + text + " }}")
-        assert checked[1] == set(jinja2.meta.find_undeclared_variables(ast)) - set(gexpr._ENV.globals)
+        ast = _jinja_env().parse("{{ " + text + " }}")
+        assert checked[1] == set(jinja2.meta.find_undeclared_variables(ast)) - set(_jinja_env().globals)
     else:
         assert checked == compiled
 
@@ -1448,3 +1455,48 @@ def test_param_domain_errors(tmp_path, domains, reason):
     with pytest.raises(SpecError) as ei:
         load_spec_file(path)
     assert "param_domains" in str(ei.value) and reason in str(ei.value)
+
+
+# ---- the kernel interface's defaults (args "TYPE = DEFAULT", param_defaults) ----------------------------------
+
+
+def test_arg_and_param_defaults_are_parsed(tmp_path):
+    text = toy_with("args: {x: ptr, rows: i32}", 'args: {x: ptr, y: "ptr = null", rows: "i32 = -3", s: "f32 = 0.5", '
+                    'w: "i64 = 7"}\nparam_defaults: {flag: false}')
+    spec = load_spec_file(write(tmp_path, text, "toy.yaml"))
+    assert spec.args == (("x", "ptr"), ("y", "ptr"), ("rows", "i32"), ("s", "f32"), ("w", "i64"))
+    assert spec.arg_defaults == (("y", 0), ("rows", -3), ("s", 0.5), ("w", 7))
+    assert spec.param_defaults == (("flag", False),)
+
+
+def test_the_shipped_gdn_spec_declares_a_default_for_every_optional_name():
+    spec = get_spec("gdn")
+    required_args = [n for n, _ in spec.args if n not in dict(spec.arg_defaults)]
+    assert required_args == ["state", "slot_stride", "pool_size", "B", "H", "HV", "scale", "s_head", "s_row"]
+    required_params = [n for n in spec.param_names if n not in dict(spec.param_defaults)]
+    assert required_params == ["K", "V", "T", "in_dtype", "out_dtype", "state_dtype", "dtb_dtype", "pool", "idx_dtype",
+                               "update", "l2norm"]
+
+
+@pytest.mark.parametrize("args, key, reason", [
+    ('{x: "ptr = 5"}', "args.x", "default: expected null (or 0) for a ptr, got '5'"),
+    ('{x: "i32 = 1e3"}', "args.x", "default: expected a 32-bit integer for a i32, got '1e3'"),
+    ('{x: "i32 = 2147483648"}', "args.x", "default: expected a 32-bit integer for a i32, got '2147483648'"),
+    ('{x: "f32 = inf"}', "args.x", "default: expected a finite number for a f32, got 'inf'"),
+    ('{x: "ptr ="}', "args.x", "expected an identifier mapped to one of"),
+    ('{x: "u8 = 1"}', "args.x", "expected an identifier mapped to one of"),
+])
+def test_a_bad_arg_default_names_the_arg(tmp_path, args, key, reason):
+    with pytest.raises(SpecError) as e:
+        load_spec_file(write(tmp_path, toy_with("args: {x: ptr, rows: i32}", f"args: {args}"), "toy.yaml"))
+    assert f"{key}:" in str(e.value) and reason in str(e.value)
+
+
+@pytest.mark.parametrize("defaults, reason", [
+    ("{nope: 1}", "param_defaults.nope: expected a param of the spec (n, flag), got 'nope'"),
+    ("{n: 48}", "param_defaults.n: expected one of [32, 64, 128], got 48"),
+    ("{flag: 1}", "param_defaults.flag: expected one of [False, True], got 1"),
+])
+def test_a_bad_param_default_names_it(tmp_path, defaults, reason):
+    with pytest.raises(SpecError, match=re.escape(reason)):
+        load_spec_file(write(tmp_path, TOY + f"param_defaults: {defaults}\n", "toy.yaml"))

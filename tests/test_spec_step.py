@@ -14,7 +14,7 @@ from gdnjit.reference.gdn import gdn_reference
 from gdnjit.reference.replay import replay_commit_reference
 from gdnjit.reference.spec_step import spec_step_reference
 from gdnjit.spec import get_spec
-from gdnjit.spec_step import _prepare, spec_cache
+from gdnjit.spec_step import prepare, spec_cache
 from gdnjit.variant import Variant
 
 S, H, HV, T, K, V, B = 10, 2, 4, 3, 64, 64, 4
@@ -33,7 +33,7 @@ def _args(**kw):
 
 
 def prep(flush=False, **kw):
-    return _prepare(*_args(**kw).values(), flush=flush, require_cuda=False)
+    return prepare(*_args(**kw).values(), flush=flush, require_cuda=False)
 
 
 def test_spec_cache_layout():

@@ -72,7 +72,7 @@ def test_every_public_name_resolves():
 @pytest.mark.parametrize("name", ops.OP_NAMES)
 def test_schema_text_and_mutated_args(name):
     schema = raw(name)._schema
-    assert str(schema) == f"gdnjit::{name}" + ops.SCHEMAS[ops.OP_NAMES.index(name)]
+    assert str(schema) == f"gdnjit::{name}" + ops.SCHEMAS[name]
     written = {a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write}
     assert written == MUTATED[name]
     if name.startswith("gated_delta_rule"):

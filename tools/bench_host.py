@@ -72,10 +72,10 @@ def main() -> int:
     torch.cuda.synchronize()
     (bound, _, _), _ = gdn._fast.values()
     launcher = bound.launcher
-    _, call = gdn._prepare("klast", q, k, v, A_log, a, dt_bias, b, state, None, None, None, out, None,
+    _, call = gdn.prepare("klast", q, k, v, A_log, a, dt_bias, b, state, None, None, None, out, None,
                            None, True, True, True)
     values = call.arg_values()
-    ptrs = tuple(call.args[n] for n in gdn._POINTERS)
+    ptrs = gdn.NATIVE.pointer_values(call)
 
     def bound_only():
         bound(ptrs)

@@ -55,7 +55,7 @@ def main() -> int:
             sets = []
             for _ in range(n_sets):
                 a = torch.randn(M, K, device="cuda", dtype=dt) * 3
-                *outs, call = nvfp4._prepare(a, gs, enable_pdl=args.pdl, per_token=per_token,
+                *outs, call = nvfp4.prepare(a, gs, enable_pdl=args.pdl, per_token=per_token,
                                              four_over_six=nvfp4.FourOverSix() if four6 else None)
                 sets.append((call.arg_values(), a, *outs))  # keep the input and the outputs alive while timing
             pdict = dict(call.params)

@@ -114,7 +114,7 @@ def test_every_tunable_choice():
     for mode, contig in (("varlen_spec", True), ("multi", False)):
         kw, x = make_case(mode, ("bf16", "fp32", "bf16"), 4, 200 if not contig else 264, contig, 11)
         before = kw["conv_state"].clone()
-        out, call = conv._prepare(x, kw["conv_state"], kw["weight"], kw["bias"], "silu", kw.get("conv_state_indices"),
+        out, call = conv.prepare(x, kw["conv_state"], kw["weight"], kw["bias"], "silu", kw.get("conv_state_indices"),
                                   kw.get("num_accepted_tokens"), kw.get("query_start_loc"),
                                   kw.get("max_query_len", -1), -1, None)
         arch = device_info(call.device).arch

@@ -1,5 +1,5 @@
 """causal_conv1d_update argument checks on the CPU: each bad argument raises the documented exception with a
-message naming it, before any kernel could run (``conv._prepare(require_cuda=False)``); the named call
+message naming it, before any kernel could run (``conv.prepare(require_cuda=False)``); the named call
 of a good one; the CPU torch op against the reference."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def inputs(T=1, dtype=torch.bfloat16):
 
 def prep(x, state, w, bias=None, activation="silu", idx=None, acc=None, qsl=None, max_query_len=-1,
          pad_slot_id=-1, out=None):
-    return conv._prepare(x, state, w, bias, activation, idx, acc, qsl, max_query_len, pad_slot_id, out,
+    return conv.prepare(x, state, w, bias, activation, idx, acc, qsl, max_query_len, pad_slot_id, out,
                          require_cuda=False)
 
 

@@ -1,5 +1,5 @@
 """GDN API argument checks on the CPU: every bad argument gives the documented exception type with a
-message naming the argument, before any kernel could run (``_prepare(require_cuda=False)`` runs every
+message naming the argument, before any kernel could run (``prepare(require_cuda=False)`` runs every
 check except the CUDA-device one on CPU tensors)."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def prep(layout="klast", read_idx=None, write_idx=None, scale=None, output=None,
          l2norm=True, direct=True, pool=None, **over):
     t = make(layout=layout)
     t.update(over)
-    return gdn._prepare(layout, t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"],
+    return gdn.prepare(layout, t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"],
                         t["state"] if pool is None else pool, read_idx, write_idx, scale, output, inter, ssm,
                         update, l2norm, direct, require_cuda=False)
 
@@ -153,14 +153,14 @@ def test_kmajor_shapes():
     assert call.params["layout"] == "kmajor"
     with pytest.raises(ValueError, match=r"state: expected shape \[B, HV, K, V\]"):
         t = make()
-        gdn._prepare("kmajor", t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"],
+        gdn.prepare("kmajor", t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"],
                      torch.randn(3, 4, 128, 64), None, None, None, None, None, None, True, True, True,
                      require_cuda=False)
 
 
 def test_zero_batch_launches_nothing():
     t = make(B=0)
-    out, call = gdn._prepare("klast", t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"], t["state"],
+    out, call = gdn.prepare("klast", t["q"], t["k"], t["v"], t["A_log"], t["a"], t["dt_bias"], t["b"], t["state"],
                              None, None, None, None, None, None, True, True, True, require_cuda=False)
     assert call is None and out.shape == (0, 1, 4, 128)
 
@@ -192,7 +192,7 @@ def test_flashinfer_value_conventions(monkeypatch):
     from gdnjit import gdn as g
 
     seen = []
-    monkeypatch.setattr(g, "_run", lambda *a, **kw: seen.append((a[15], kw)) or a[12])
+    monkeypatch.setattr(g, "run", lambda *a, **kw: seen.append((a[15], kw)) or a[12])
     t = make()
     idx = torch.zeros(3, dtype=torch.int32)
     t4 = make(T=4)
@@ -247,7 +247,7 @@ def test_flashinfer_value_conventions(monkeypatch):
 def _fake_dispatch(monkeypatch, launches, binds=None, pdl_capable=False):
     """Validation on CPU tensors; a launch records its pointers in ``launches`` instead of running (and
     each bind its PDL choice in ``binds``); empty memos."""
-    from gdnjit import gdn as g, runner, validate
+    from gdnjit import gdn as g, gdn_core, runner, validate
 
     class FakeLauncher:
         def bind(self, grid, values, pdl=False):
@@ -257,7 +257,7 @@ def _fake_dispatch(monkeypatch, launches, binds=None, pdl_capable=False):
 
     monkeypatch.setattr(validate, "cuda_tensor", validate.tensor)
     monkeypatch.setattr(runner.RUNNER, "resolve", lambda call: (FakeLauncher(), 1))
-    monkeypatch.setattr(g, "supports_pdl", lambda dev: pdl_capable)
+    monkeypatch.setattr(gdn_core, "supports_pdl", lambda dev: pdl_capable)
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)  # CPU torch lacks it
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(g, "_fast", {})
@@ -402,7 +402,7 @@ def test_pools_strided_inside_a_slot():
     idx = torch.tensor([0, 2, 1], dtype=torch.int32)
 
     def prep(pool, direct=False, layout="klast", q=t):
-        return g._prepare(layout, q["q"], q["k"], q["v"], q["A_log"], q["a"], q["dt_bias"], q["b"], pool,
+        return g.prepare(layout, q["q"], q["k"], q["v"], q["A_log"], q["a"], q["dt_bias"], q["b"], pool,
                           None if direct else idx, None, None, None, None, None, True, True, direct,
                           require_cuda=False)[1]
 

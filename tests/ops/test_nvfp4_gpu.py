@@ -65,7 +65,7 @@ def global_scale(a: torch.Tensor, mode: str):
 
 def run_poisoned(a, gs, layout, recipe="fast"):
     """The public call's exact path (validation, allocation, dispatch, launch) with 0xFF-filled outputs."""
-    fp4, sf, call = nvfp4._prepare(a, gs, layout, recipe=recipe)
+    fp4, sf, call = nvfp4.prepare(a, gs, layout, recipe=recipe)
     fp4.fill_(0xFF)
     sf.fill_(0xFF)
     if call is not None:
@@ -167,7 +167,7 @@ def test_every_tunable_matches():
                 continue
             variant = Variant.make(spec, params, tun, arch)
             launcher = RUNNER.get_launcher(variant, dev)
-            fp4, sf, call = nvfp4._prepare(a, gs, layout)
+            fp4, sf, call = nvfp4.prepare(a, gs, layout)
             fp4.fill_(0xFF)
             sf.fill_(0xFF)
             grid = _expr.evaluate(dict(spec.launch)["grid"], dict(variant.values, M=130, num_sms=1))
@@ -308,7 +308,7 @@ F6_CASES = list(itertools.product(("fp16", "bf16"), LAYOUTS, ((1, 16), (3, 48), 
 def run_poisoned_token(a, gsi, layout, recipe, four6, row_map=None, out_scale=None):
     """The per-token call's exact path with poisoned outputs (0xFF codes / scales, NaN per-token scales): a row map
     zeroes them first (the rows it leaves out stay 0), so poison only without one."""
-    fp4, sf, pts, call = nvfp4._prepare(a, gsi, layout, recipe=recipe, per_token=True, four_over_six=four6,
+    fp4, sf, pts, call = nvfp4.prepare(a, gsi, layout, recipe=recipe, per_token=True, four_over_six=four6,
                                         row_map=row_map, out_scale=out_scale)
     if row_map is None:
         fp4.fill_(0xFF)
@@ -338,7 +338,7 @@ def test_per_token_and_four_over_six_match_reference_bit_exact(dtype, layout, sh
         what = f"{dtype} {layout.name} M={M} K={K} {four6} {recipe}"
         if four6 is not None:  # one global scale with the 4over6 search
             gs = global_scale(a, "recipe-tensor") * (e4m3_max / 448.0)
-            got = nvfp4._prepare(a, gs, layout, recipe=recipe, four_over_six=four6)
+            got = nvfp4.prepare(a, gs, layout, recipe=recipe, four_over_six=four6)
             got[0].fill_(0xFF)
             got[1].fill_(0xFF)
             RUNNER.launch(got[2])
@@ -417,7 +417,7 @@ def test_every_token_form_tunable_matches():
                 continue
             variant = Variant.make(spec, params, tun, arch)
             launcher = RUNNER.get_launcher(variant, dev)
-            fp4, sf, pts, call = nvfp4._prepare(a, 1 / 2688, layout, enable_pdl=False, recipe="exact", per_token=True,
+            fp4, sf, pts, call = nvfp4.prepare(a, 1 / 2688, layout, enable_pdl=False, recipe="exact", per_token=True,
                                                 four_over_six=four6)
             fp4.fill_(0xFF)
             sf.fill_(0xFF)

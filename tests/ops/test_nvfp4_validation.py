@@ -1,5 +1,5 @@
 """NVFP4 API argument checks on the CPU: every bad argument gives the documented exception type with a
-message naming the argument, before any kernel could run (``nvfp4._prepare(require_cuda=False, arch=...)``
+message naming the argument, before any kernel could run (``nvfp4.prepare(require_cuda=False, arch=...)``
 runs every check except the CUDA-device one on CPU tensors)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from gdnjit.sf_layout import SfLayout
 def prep(a=None, gs=1.0, arch="sm_90", **kw):
     if a is None:
         a = torch.randn(5, 64, dtype=torch.bfloat16)
-    return nvfp4._prepare(a, gs, require_cuda=False, arch=arch, **kw)
+    return nvfp4.prepare(a, gs, require_cuda=False, arch=arch, **kw)
 
 
 class ForeignSfLayout(enum.Enum):  # stands in for flashinfer.SfLayout (a plain Enum)
@@ -288,7 +288,7 @@ def test_recipe_switch_follows_flashinfer(monkeypatch):
     """fast unless FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH (or TRTLLM_...) is exactly "1", read per call; the
     explicit fast_math argument wins; fp8 input is always fast."""
     seen = []
-    monkeypatch.setattr(nvfp4, "_prepare", lambda *a, **kw: seen.append(kw["recipe"]) or (None, None, None))
+    monkeypatch.setattr(nvfp4, "prepare", lambda *a, **kw: seen.append(kw["recipe"]) or (None, None, None))
     a = torch.randn(5, 64, dtype=torch.bfloat16)
     for env, want in ((None, "fast"), ("1", "exact"), ("true", "fast"), ("0", "fast")):
         monkeypatch.delenv("FLASHINFER_DISABLE_FP4_QUANT_FAST_MATH", raising=False)
@@ -369,7 +369,7 @@ def test_flashinfers_4over6_switch_and_argument(monkeypatch):
     recipe; an explicit recipe checks a per-token float scale against 1 / (e4m3_max * 6)."""
     a = torch.randn(5, 64, dtype=torch.bfloat16)
     seen = []
-    monkeypatch.setattr(nvfp4, "_prepare", lambda *args, **kw: (seen.append(kw["four_over_six"]), None, None, None)[1:])
+    monkeypatch.setattr(nvfp4, "prepare", lambda *args, **kw: (seen.append(kw["four_over_six"]), None, None, None)[1:])
     for name in nvfp4.FOUR_OVER_SIX_ENV:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLASHINFER_NVFP4_4OVER6", "0")

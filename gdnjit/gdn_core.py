@@ -1,0 +1,69 @@
+"""What every calling mode of the ``gdn`` kernel shares: its limits and dtypes, the spec, PDL, index checks.
+
+The calling modes are small modules over this core, each declaring its :class:`~gdnjit.call_mode.CallMode` once
+and naming only the params and args it sets (``specs/gdn.yaml`` declares them all, with defaults):
+
+- :mod:`gdnjit.gdn`: FlashInfer's decode and multi-token calls (and, through :mod:`gdnjit.recovery`, its state
+  recovery);
+- :mod:`gdnjit.gdn_engine`: vLLM's and SGLang's conventions (varlen, 2-D slot maps, trees, ReplaySSM caches);
+- :mod:`gdnjit.replay`: FlashInfer's ReplaySSM commit;
+- :mod:`gdnjit.spec_step`: gdnjit's fused speculative step and its flush.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from . import validate as _v
+from .config import get_config
+from .errors import DtypeError
+from .runner import supports_pdl
+from .spec import Spec, get_spec
+
+SUPPORTED_DIMS = (64, 128, 256)
+MAX_T = 16
+IN_DTYPES = (torch.bfloat16, torch.float16)
+STATE_DTYPES = (torch.float32, torch.bfloat16)
+OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+SPEC: Spec = get_spec("gdn")
+# The engine-convention and calling-mode params at their native (FlashInfer) values: the spec's defaults. Tests and
+# tools that spell out a full params dict take them from here.
+CONVENTION_PARAMS = ("varlen", "bounded", "accepted", "tree", "inter_indexed", "null_slot", "padding", "gates",
+                     "replay_cache", "replay", "track", "fused_step", "write_once")
+NATIVE_CONVENTIONS = {n: dict(SPEC.param_defaults)[n] for n in CONVENTION_PARAMS}
+
+
+def uses_pdl(device_index: int) -> bool:
+    """Whether gdn kernels are launched with programmatic dependent launch on this device: GDNJIT_PDL
+    on and sm_90+. Every gdn kernel waits (griddepcontrol.wait) before its first load or store, so it
+    may overlap the end of the previous kernel (its L2 state prefetch runs before the wait)."""
+    return get_config().pdl and supports_pdl(device_index)
+
+
+def launch_device(device: torch.device, require_cuda: bool) -> int:
+    """The device index a call on ``device`` launches on (``require_cuda=False``: a CPU test's call, device 0)."""
+    if device.index is not None:
+        return device.index
+    return torch.cuda.current_device() if require_cuda else 0
+
+
+def ptr(x: Optional[torch.Tensor]) -> int:
+    """A tensor's address, 0 (a null pointer) for None."""
+    return 0 if x is None else x.data_ptr()
+
+
+def signature(x: Optional[torch.Tensor]):
+    """The metadata a call's checks read of one tensor (None for None): a memo key part."""
+    return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+
+
+def check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device,
+                  like: Optional[torch.Tensor] = None) -> None:
+    """A required ``[B]`` int32 / int64 index tensor on ``device`` (of ``like``'s dtype when given)."""
+    _v.tensor(name, idx, 1)  # required here (index_tensor takes None as "absent")
+    _v.index_tensor(name, idx, B, device)
+    if like is not None and idx.dtype != like.dtype:
+        raise DtypeError(f"{name}: expected the same dtype as initial_state_indices ({like.dtype}), got {idx.dtype}")
