@@ -144,6 +144,11 @@ USERS = {
     "gdn_common.cuh.j2": set(GDN_TEMPLATES),
     "gdn_stage.cuh.j2": {"gdn_recurrent.cu.j2", "gdn_chunk.cu.j2", "gdn_mma.cu.j2"},
     "gdn_kernels.cuh.j2": {"gdn_recurrent.cu.j2", "gdn_chunk.cu.j2", "gdn_mma.cu.j2"},
+    "gdn_recurrent_fused_step.cuh.j2": {"gdn_recurrent.cu.j2"},
+    **{f: {"gdn_recurrent.cu.j2", "gdn_chunk.cu.j2", "gdn_mma.cu.j2"}
+       for f in ("gdn_kernels_commit.cuh.j2", "gdn_kernels_fused_step.cuh.j2")},
+    **{f: {"gdn_tc.cu.j2"} for f in ("gdn_tc_chunk.cuh.j2", "gdn_tc_fused_step.cuh.j2", "gdn_tc_flush.cuh.j2",
+                                    "gdn_tc_replay.cuh.j2", "gdn_tc_replayed.cuh.j2")},
     **{t: {t} for t in GDN_TEMPLATES},
 }
 
