@@ -11,7 +11,23 @@ from jinja2.parser import Parser
 
 from .expr_common import GLOBALS, MAX_PLAIN_DEPTH, ExprError
 
-ENV = jinja2.sandbox.ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined)
+MAX_POWER_BITS = 4096  # an integer power past this many bits is an error, not minutes of arithmetic
+
+
+class _Environment(jinja2.sandbox.ImmutableSandboxedEnvironment):
+    """The sandbox with ``**`` intercepted: Jinja never folds an intercepted operator while compiling (its optimizer
+    computed ``1000 ** 10**25`` at load time, without end), and at run time a power is bounded."""
+
+    intercepted_binops = frozenset({"**"})
+
+    def call_binop(self, context, operator, left, right):
+        if operator == "**" and isinstance(left, int) and isinstance(right, int) and right > 0 and abs(left) > 1 \
+                and abs(left).bit_length() * right > MAX_POWER_BITS + 64:
+            raise ExprError(f"{left!r} ** {right!r}: expected a power of at most {MAX_POWER_BITS} bits")
+        return super().call_binop(context, operator, left, right)
+
+
+ENV = _Environment(undefined=jinja2.StrictUndefined)
 ENV.globals.update(GLOBALS)
 
 

@@ -1500,3 +1500,20 @@ def test_a_bad_arg_default_names_the_arg(tmp_path, args, key, reason):
 def test_a_bad_param_default_names_it(tmp_path, defaults, reason):
     with pytest.raises(SpecError, match=re.escape(reason)):
         load_spec_file(write(tmp_path, TOY + f"param_defaults: {defaults}\n", "toy.yaml"))
+
+
+def test_a_huge_power_is_an_error_not_a_hang():
+    """Jinja's optimizer folded constant powers while compiling: ``1_000 ** 10**25`` (found by test_fuzz) never
+    finished. ``**`` is intercepted: never folded, and bounded when evaluated."""
+    import time
+
+    from gdnjit.expr_jinja import MAX_POWER_BITS
+
+    t0 = time.perf_counter()
+    for text in ("1_000 ** 9999999999999999999999999", "1_000 ** 9999999999999999999999999 ** -1 | abs"):
+        gexpr.check_expr(text)  # loads (a spec's check), without computing the power
+        with pytest.raises(gexpr.ExprError, match=rf"1000 \*\* 9999999999999999999999999: expected a power of at most "
+                                                  rf"{MAX_POWER_BITS} bits"):
+            gexpr.evaluate(text, {})
+    assert time.perf_counter() - t0 < 5
+    assert gexpr.evaluate("2 ** 10 | abs", {}) == 1024 and gexpr.evaluate("(x ** 3) | abs", {"x": -3}) == 27
