@@ -17,7 +17,7 @@ See ``docs/api.md`` for the table of argument combinations.
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -33,7 +33,8 @@ from .gdn_engine import engine_step
 from .runner import RUNNER, launch_on, remember
 
 __all__ = ["gated_delta_rule_decode_pretranspose", "gated_delta_rule_decode", "gated_delta_rule_mtp", "run",
-           "prepare", "MAX_T", "SUPPORTED_DIMS", "NATIVE_CONVENTIONS"]
+           "prepare", "plan_pretranspose", "plan_mtp", "MtpPlan", "pool_args", "check_backend", "MAX_T",
+           "SUPPORTED_DIMS", "NATIVE_CONVENTIONS"]
 
 # FlashInfer's decode and multi-token calls: the pointers this mode passes per call, by name.
 NATIVE = CallMode(SPEC, "native", ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "read_idx", "write_idx",
@@ -406,18 +407,18 @@ def gated_delta_rule_decode_pretranspose(
         TypeError / ValueError naming the argument for wrong types, dtypes, shapes, strides or devices.
         Out-of-range indices stop the kernel (``GDNJIT_CHECK_INDICES=1`` checks on the host instead).
     """
-    frozen, zero_padding = pretranspose_flags(q, initial_state, output, intermediate_states_buffer,
-                                              disable_state_update, backend)
+    frozen, zero_padding = plan_pretranspose(q, initial_state, output, intermediate_states_buffer,
+                                             disable_state_update, backend)
     pool, read, write, direct = pool_args(state, initial_state, initial_state_indices, output_state_indices)
     out = run("klast", q, k, v, A_log, a, dt_bias, b, pool, read, write, scale, output, intermediate_states_buffer,
               None, not frozen, use_qk_l2norm, direct=direct, zero_padding=zero_padding)
     return out, pool
 
 
-def pretranspose_flags(q, initial_state, output, intermediate_states_buffer, disable_state_update,
-                       backend) -> Tuple[bool, bool]:
-    """(frozen, zero_padding) of a ``decode_pretranspose`` call under FlashInfer 0.7.2's conventions (the eager
-    function and its torch op alike): backend checked; at T = 1 no buffer and no frozen state; None freezes
+def plan_pretranspose(q, initial_state, output, intermediate_states_buffer, disable_state_update,
+                      backend) -> Tuple[bool, bool]:
+    """(frozen, zero_padding) of a ``decode_pretranspose`` call under FlashInfer 0.7.2's conventions, for both front
+    doors (this module's function and :mod:`gdnjit.torch_ops`' wrapper): backend checked; at T = 1 no buffer and no frozen state; None freezes
     an fp32 pool at T > 1 only; padding rows are zeroed at T = 1 or in an output allocated here."""
     check_backend(backend, BACKENDS_PRETRANSPOSE)
     T = q.shape[1] if isinstance(q, torch.Tensor) and q.dim() == 4 else 1
@@ -430,7 +431,7 @@ def pretranspose_flags(q, initial_state, output, intermediate_states_buffer, dis
     return frozen, output is None or T == 1
 
 
-def no_recovery(accepted_steps, recovery_steps, disable_output) -> None:
+def _no_recovery(accepted_steps, recovery_steps, disable_output) -> None:
     """ValueError if a state-recovery argument is set beside ``cache_replayssm`` (the caching verify writes no state
     and its outputs are the point)."""
     if accepted_steps is not None or (not isinstance(recovery_steps, int) or recovery_steps) or (
@@ -438,18 +439,12 @@ def no_recovery(accepted_steps, recovery_steps, disable_output) -> None:
         raise ValueError("accepted_steps, recovery_steps, disable_output: not with cache_replayssm")
 
 
-def check_discarded_output(q, v, output) -> None:
+def _check_discarded_output(q, v, output) -> None:
     """A caller's ``output`` that ``disable_output`` leaves unwritten is still checked as the kernel would check it."""
     if output is not None and isinstance(q, torch.Tensor) and isinstance(v, torch.Tensor) and q.dim() == 4 \
             and v.dim() == 4:
         _v.given_output(output, (q.shape[0], q.shape[1], v.shape[2], v.shape[3]), "[B, T, HV, V]", OUT_DTYPES,
                         q.device)
-
-
-def mtp_flags(output, disable_state_update) -> Tuple[bool, bool]:
-    """(frozen, zero_padding) of a ``gated_delta_rule_mtp`` call without the ReplaySSM cache: None = frozen
-    (FlashInfer 0.7.2), a caller's padding rows kept."""
-    return disable_flag(disable_state_update, frozen_if_none=True), output is None
 
 
 def pool_args(state, initial_state, initial_state_indices, output_state_indices):
@@ -496,7 +491,7 @@ def gated_delta_rule_decode(
     return out, state
 
 
-def replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta):
+def _replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta):
     """FlashInfer 0.7.2's ReplaySSM arguments of ``gated_delta_rule_mtp`` -> the four caches (rawv, rawk, g, beta),
     or None when caching is off (one-line errors for a non-bool flag, a missing cache, caches without the flag)."""
     if cache_replayssm is not None and (isinstance(cache_replayssm, float) or not isinstance(cache_replayssm, (bool, int))):
@@ -514,9 +509,9 @@ def replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, 
     return tuple(x for _, x in named)
 
 
-def replay_verify_call(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
-                       intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
-                       output_state_indices, caches) -> Tuple[tuple, dict]:
+def _replay_verify_call(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
+                        intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
+                        output_state_indices, caches) -> Tuple[tuple, dict]:
     """``gated_delta_rule_mtp(cache_replayssm=True)`` (FlashInfer's caching verify) as an engine step: FlashInfer's
     contract is checked here (the pool frozen, no per-token state buffer or scatter, every tensor's base address
     16-byte aligned, ``output_state_indices`` checked and unused: the verify writes no slot) and the step's
@@ -611,24 +606,53 @@ def gated_delta_rule_mtp(
     Returns:
         ``(output [B, T, HV, V], initial_state)``.
     """
-    caches = replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
-    if caches is not None:
-        no_recovery(accepted_steps, recovery_steps, disable_output)
-        args, kwargs = replay_verify_call(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale,
-                                          output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
-                                          use_qk_l2norm, output_state_indices, caches)
+    plan = plan_mtp(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
+                    intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
+                    output_state_indices, cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta,
+                    accepted_steps, recovery_steps, disable_output)
+    if plan.verify is not None:
+        args, kwargs = plan.verify
         return engine_step(*args, **kwargs), initial_state
-    frozen, zero_padding = mtp_flags(output, disable_state_update)
+    out = run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, plan.write_idx, scale,
+              None if plan.scratch_output else output, intermediate_states_buffer, plan.ssm, not plan.frozen,
+              use_qk_l2norm, direct=False, zero_padding=plan.zero_padding, write_once=plan.write_once)
+    return (output if plan.scratch_output and output is not None else out), initial_state
+
+
+class MtpPlan(NamedTuple):
+    """How one ``gated_delta_rule_mtp`` call runs, decided once for both front doors (this module's function and
+    :mod:`gdnjit.torch_ops`' wrapper): FlashInfer's ReplaySSM verify as an engine step (``verify``: its ``(args,
+    kwargs)``), or the multi-token kernel with these flags and write targets."""
+
+    verify: Optional[tuple]
+    frozen: bool = True
+    zero_padding: bool = True  # padding rows' outputs zeroed (an output allocated here, or a scratch one)
+    write_idx: Optional[torch.Tensor] = None
+    ssm: Optional[torch.Tensor] = None  # per-token write slots: the caller's, or the state-recovery write map
+    write_once: bool = False
+    scratch_output: bool = False  # disable_output: the kernel writes a scratch tensor, never the caller's output
+
+
+def plan_mtp(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
+             intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm, output_state_indices,
+             cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta, accepted_steps,
+             recovery_steps, disable_output) -> MtpPlan:
+    """:class:`MtpPlan` of a ``gated_delta_rule_mtp`` call (its arguments, as there): FlashInfer 0.7.2's
+    conventions (None freezes the pool, a caller's padding rows kept), its ReplaySSM contract and its state-recovery
+    arguments (:func:`gdnjit.recovery.plan`), checked with one-line errors; the kernel's own checks come after."""
+    caches = _replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
+    if caches is not None:
+        _no_recovery(accepted_steps, recovery_steps, disable_output)
+        return MtpPlan(_replay_verify_call(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale,
+                                           output, intermediate_states_buffer, ssm_state_indices, disable_state_update,
+                                           use_qk_l2norm, output_state_indices, caches))
+    frozen = disable_flag(disable_state_update, frozen_if_none=True)
     rec = _recovery.plan(q, initial_state_indices, output_state_indices, ssm_state_indices, intermediate_states_buffer,
                          frozen, accepted_steps, recovery_steps, disable_output)
     if rec.scratch_output:
-        check_discarded_output(q, v, output)
-    out = run("klast", q, k, v, A_log, a, dt_bias, b, initial_state, initial_state_indices, rec.write_idx,
-              scale, None if rec.scratch_output else output, intermediate_states_buffer, rec.ssm, not frozen,
-              use_qk_l2norm, direct=False, zero_padding=zero_padding or rec.scratch_output, write_once=rec.write_once)
-    if rec.scratch_output and output is not None:
-        out = output
-    return out, initial_state
+        _check_discarded_output(q, v, output)
+    return MtpPlan(None, frozen, output is None or rec.scratch_output, rec.write_idx, rec.ssm, rec.write_once,
+                   rec.scratch_output)
 
 
 def example_call(params: dict, facts: dict, device) -> Tuple[object, tuple]:

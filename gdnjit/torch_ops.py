@@ -55,7 +55,6 @@ from . import conv as _conv
 from . import gdn as _gdn
 from . import gdn_engine as _engine
 from . import nvfp4 as _nvfp4
-from . import recovery as _recovery
 from . import replay as _replay
 from . import spec_step as _spec
 from .reference.engine import engine_reference
@@ -251,8 +250,8 @@ def gated_delta_rule_decode_pretranspose(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_decode_pretranspose` through ``torch.ops.gdnjit``; same arguments and
     return value ``(output, state_or_pool)``."""
-    frozen, zero_padding = _gdn.pretranspose_flags(q, initial_state, output, intermediate_states_buffer,
-                                                   disable_state_update, backend)
+    frozen, zero_padding = _gdn.plan_pretranspose(q, initial_state, output, intermediate_states_buffer,
+                                                  disable_state_update, backend)
     out = _output(q, v, output)
     if initial_state is not None and state is initial_state:
         state = None  # FlashInfer style: the pool passed twice; two mutated args must not alias
@@ -289,24 +288,19 @@ def gated_delta_rule_mtp(
     """:func:`gdnjit.gated_delta_rule_mtp` through ``torch.ops.gdnjit``; returns ``(output, initial_state)``. With
     ``cache_replayssm=True`` (FlashInfer's ReplaySSM verify) the call runs as ``torch.ops.gdnjit.engine_step``, which
     writes the four caches; the state-recovery arguments become the op's per-token write map (:mod:`gdnjit.recovery`)."""
-    caches = _gdn.replay_caches(cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g, replayssm_beta)
-    if caches is not None:
-        _gdn.no_recovery(accepted_steps, recovery_steps, disable_output)
-        args, kwargs = _gdn.replay_verify_call(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b,
-                                               scale, output, intermediate_states_buffer, ssm_state_indices,
-                                               disable_state_update, use_qk_l2norm, output_state_indices, caches)
+    plan = _gdn.plan_mtp(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
+                         intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
+                         output_state_indices, cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g,
+                         replayssm_beta, accepted_steps, recovery_steps, disable_output)
+    if plan.verify is not None:
+        args, kwargs = plan.verify
         return engine_step(*args, **kwargs), initial_state
-    frozen, zero_padding = _gdn.mtp_flags(output, disable_state_update)
-    rec = _recovery.plan(q, initial_state_indices, output_state_indices, ssm_state_indices, intermediate_states_buffer,
-                         frozen, accepted_steps, recovery_steps, disable_output)
-    if rec.scratch_output:
-        _gdn.check_discarded_output(q, v, output)
-    out = _output(q, v, None if rec.scratch_output else output)
+    out = _output(q, v, None if plan.scratch_output else output)
     torch.ops.gdnjit.gated_delta_rule_mtp(
         q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, out,
-        intermediate_states_buffer, rec.ssm, frozen, use_qk_l2norm, rec.write_idx, zero_padding or rec.scratch_output,
-        rec.write_once)
-    return (output if rec.scratch_output and output is not None else out), initial_state
+        intermediate_states_buffer, plan.ssm, plan.frozen, use_qk_l2norm, plan.write_idx, plan.zero_padding,
+        plan.write_once)
+    return (output if plan.scratch_output and output is not None else out), initial_state
 
 
 # ---- NVFP4 ----------------------------------------------------------------------------------
