@@ -125,18 +125,65 @@ def kind_variants() -> list[Variant]:
     return _dedup(out)
 
 
+MODE_ARCHS = ("sm_90", "sm_100a")
+
+
+def mode_variants() -> list[Variant]:
+    """The calling modes' own kernels, as their ops build the calls (CPU tensors through each mode's ``prepare``) and
+    the rules choose them at B 1 / 64 / 512: the fused step and its flush, the ReplaySSM commit (with and without
+    track), the engines' ReplaySSM-cache verifies (FlashInfer's, SGLang's rings); fp32 and bf16 state, T 2 / 4 / 8, K = V = 128
+    and 64; sm_90 and sm_100a. The covering set draws these modes' flags beside random other params, so few of its
+    variants run a mode's own code (none of the tc form's): ``tools/compare_sass.py`` compares these too."""
+    import torch
+
+    from gdnjit import gdn_engine, replay, spec_step
+
+    bf, i32 = torch.bfloat16, torch.int32
+    B, H, HV, S = 3, 2, 4, 6  # the calls' own tensors; the dispatch facts below are a model's
+    calls = []
+    for sdt, T, K in itertools.product((torch.float32, torch.bfloat16), (2, 4, 8), (128, 64)):
+        state, cache = torch.zeros(S, HV, K, K, dtype=sdt), spec_step.spec_cache(S, H, HV, T, K, K)
+        tokens = (torch.zeros(B, T, H, K, dtype=bf), torch.zeros(B, T, H, K, dtype=bf), torch.zeros(B, T, HV, K, dtype=bf),
+                  torch.zeros(HV), torch.zeros(B, T, HV, dtype=bf), torch.zeros(HV), torch.zeros(B, T, HV, dtype=bf))
+        idx, acc = torch.zeros(B, dtype=i32), torch.zeros(B, dtype=i32)
+        calls += [spec_step.prepare(*tokens, state, idx, acc, cache, None, True, 1.0, 20.0, -1, None,
+                                    require_cuda=False)[1],
+                  spec_step.prepare(*(None,) * 7, state, idx, acc, cache, None, True, 1.0, 20.0, -1, None, flush=True,
+                                    require_cuda=False)[1]]
+        for track in (None, torch.zeros(B, dtype=i32)):
+            calls.append(replay.prepare(state[None], torch.zeros(1, S, HV, T, K, dtype=bf),
+                                        torch.zeros(1, S, H, T, K, dtype=bf), torch.zeros(1, S, HV, T),
+                                        torch.zeros(1, S, HV, T), idx, acc, track, track, True, -1, require_cuda=False))
+        caches = (torch.zeros(S, HV, T, K, dtype=bf), torch.zeros(S, H, T, K, dtype=bf), torch.zeros(S, HV, T),
+                  torch.zeros(S, HV, T))
+        flat = tuple(x.reshape(1, B * T, *x.shape[2:]) if x.dim() > 1 else x for x in tokens)
+        cu = torch.arange(0, B * T + 1, T, dtype=i32)
+        # FlashInfer's ReplaySSM verify (frozen), SGLang's ring verify (varlen, zero-state padding; frozen or not)
+        for toks, cu_seqlens, update, padding in ((tokens, None, False, "skip"), (flat, cu, False, "zero_state"),
+                                                  (flat, cu, True, "zero_state")):
+            calls.append(gdn_engine.prepare(*toks, state, T, idx, cu_seqlens, None, None, None, None, None, True,
+                                            update, "negative", padding, "raw", None, True, 1.0, 20.0, None,
+                                            require_cuda=False, replay_cache=caches)[1])
+    out = []
+    for call, B_, arch in itertools.product(calls, (1, 64, 512), MODE_ARCHS):
+        tunables, _ = dispatch.select(SPEC, dict(call.params), {"B": B_, "H": 16, "HV": 64, "num_sms": 132})
+        out.append(Variant.make(SPEC, dict(call.params), tunables, arch))
+    return list({(v.params, v.tunables, v.arch): v for v in out}.values())
+
+
 @pytest.fixture(scope="module")
 def sets() -> dict:
     """The three variant sets (and the combinations no fallback serves), enumerated once."""
     fallback, uncovered = fallback_variants()
-    return {"dispatch": dispatch_variants(), "fallback": fallback, "uncovered": uncovered, "kinds": kind_variants()}
+    return {"dispatch": dispatch_variants(), "fallback": fallback, "uncovered": uncovered, "kinds": kind_variants(),
+            "modes": mode_variants()}
 
 
 class _Built(dict):
     """{(params, tunables): meta or exception}, each variant compiled once, when a test first needs it."""
 
     def need(self, variants) -> "_Built":
-        todo = [v for v in _dedup(variants) if (v.params, v.tunables) not in self]
+        todo = [v for v in _dedup(variants) if (v.params, v.tunables, v.arch) not in self]
 
         def one(v: Variant):
             try:
@@ -149,7 +196,7 @@ class _Built(dict):
             results = list(pool.map(one, todo))
         elapsed = time.perf_counter() - t0
         print(f"\ncompiled {len(todo)} variants in {elapsed:.1f} s")
-        self.update({(v.params, v.tunables): r for v, r in zip(todo, results)})
+        self.update({(v.params, v.tunables, v.arch): r for v, r in zip(todo, results)})
         return self
 
 
@@ -165,7 +212,7 @@ def _problems(variants, built, spills: bool = True, others: bool = True) -> list
     built.need(variants)
     bad = []
     for v in variants:
-        r = built[(v.params, v.tunables)]
+        r = built[(v.params, v.tunables, v.arch)]
         if isinstance(r, Exception):
             bad.append(f"{v.describe()}: {type(r).__name__}: {str(r)[:2000]}")
             continue
@@ -223,6 +270,41 @@ def test_dispatch_variants_do_not_spill(sets, built, shard):
     part = _part(sets["dispatch"], shard)
     bad = _problems(part, built, others=False)
     assert not bad, f"{len(bad)} of {len(part)} dispatch variants (part {shard}):\n" + "\n".join(bad)
+
+
+# Known, not fixed (found when this set was added, session 41; the kernels are as before): SGLang's ring verify that
+# also updates the pool (varlen, replay_cache, update, bf16 state, K = V = 128), as the rules choose it at small
+# batches (the 1-warp recurrent form with the L2 prefetch), spills: sm_90 T 2 (16 bytes at 128 registers), sm_100a
+# T 4 and 8 (44 bytes at 96). The test holds these to spilling, so a fix shows here; docs/perf.md lists it as open.
+KNOWN_SPILLS = {("sm_90", 2, 4, 1, 32), ("sm_100a", 4, 8, 2, 32), ("sm_100a", 8, 8, 2, 32)}  # arch, T, lanes, ilp, tile_v
+
+
+def _known_spill(v: Variant) -> bool:
+    p, t = dict(v.params), dict(v.tunables)
+    return ((v.arch, p["T"], t["lanes_per_row"], t["ilp"], t["tile_v"]) in KNOWN_SPILLS and p["replay_cache"]
+            and p["update"] and p["varlen"] and p["state_dtype"] == "bf16" and p["K"] == 128 and t["form"] == "recurrent"
+            and t["l2_prefetch"])
+
+
+@pytest.mark.sample(1)
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_mode_variants_compile_clean(sets, built, shard):
+    """The calling modes' own variants (fused step, flush, commit, ReplaySSM-cache verifies) on sm_90 and sm_100a: no
+    spills, no stack frame, no warnings (but the known spills above, which must still spill)."""
+    assert {dict(v.params)["fused_step"] for v in sets["modes"]} == {"step", "flush", "none"}
+    assert {dict(v.tunables)["form"] for v in sets["modes"]} >= {"tc", "recurrent"}
+    part = _part(sets["modes"], shard)
+    bad = _problems([v for v in part if not _known_spill(v)], built)
+    assert not bad, f"{len(bad)} of {len(part)} mode variants (part {shard}):\n" + "\n".join(bad)
+    known = [v for v in part if _known_spill(v)]
+    assert not _problems(known, built, spills=False)  # compiles, no warnings
+    assert all(built[(v.params, v.tunables, v.arch)]["spill_bytes"] > 0 for v in known), "a known spill is gone: " \
+        "update KNOWN_SPILLS and docs/perf.md"
+
+
+def test_the_known_spills_are_in_the_mode_set(sets):
+    assert {(v.arch, dict(v.params)["T"], *(dict(v.tunables)[n] for n in ("lanes_per_row", "ilp", "tile_v")))
+            for v in sets["modes"] if _known_spill(v)} == KNOWN_SPILLS
 
 
 @pytest.mark.sample(1)

@@ -64,7 +64,8 @@ def _variant_id(spec: str, params: dict, tunables: dict, arch: str) -> str:
 
 
 def list_variants(root: Path) -> list[dict]:
-    """The compile matrix's sets and the shipped tuned tables' gdn variants, as JSON-able dicts."""
+    """The compile matrix's sets (dispatch, fallback, kinds, and the calling modes' own variants) and the shipped tuned
+    tables' gdn variants, as JSON-able dicts."""
     sys.path.insert(0, str(root))
     mod_spec = importlib.util.spec_from_file_location("_compile_matrix", root / "tests" / "test_compile_matrix.py")
     matrix = importlib.util.module_from_spec(mod_spec)
@@ -79,8 +80,9 @@ def list_variants(root: Path) -> list[dict]:
             entry["sets"].append(origin)
 
     fallback, _ = matrix.fallback_variants()
+    modes = matrix.mode_variants() if hasattr(matrix, "mode_variants") else []  # (a base from before the set)
     for origin, variants in (("dispatch", matrix.dispatch_variants()), ("fallback", fallback),
-                             ("kinds", matrix.kind_variants())):
+                             ("kinds", matrix.kind_variants()), ("modes", modes)):
         for v in variants:
             add(v.spec.name, dict(v.params), dict(v.tunables), v.arch, origin)
     for table in sorted((root / "gdnjit" / "tuned").glob("*.json")):
