@@ -419,7 +419,8 @@ class DiskCache:
         return Eviction(limit, before, total, tuple(removed), tuple(skipped))
 
     def _delete_entry(self, name: str) -> None:
-        """Remove an entry's files, the sidecar (its commit marker) first. Caller holds the entry lock."""
+        """Remove an entry's files, the sidecar (its commit marker) first (eviction and a failed write hold the
+        entry lock; ``verify --repair`` removes an invalid entry without it)."""
         for suffix in _ENTRY_SUFFIXES:
             (self.dir / f"{name}{suffix}").unlink(missing_ok=True)
 
@@ -450,8 +451,7 @@ class DiskCache:
             if entry is None:
                 bad.append((name, problem or "missing"))
                 if repair:
-                    for suffix in (".json", ".cubin", ".cu"):
-                        (self.dir / f"{name}{suffix}").unlink(missing_ok=True)
+                    self._delete_entry(name)
         return bad
 
     def clear(self) -> int:
