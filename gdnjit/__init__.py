@@ -12,12 +12,17 @@ Public API (FlashInfer-compatible names and parameters):
   checkpoints (with ``gated_delta_rule_mtp(cache_replayssm=True, ...)``)
 - :func:`gated_delta_rule_spec_step`, :func:`gated_delta_rule_spec_flush`, :class:`SpecCache`, :func:`spec_cache` —
   gdnjit's fused speculative step: replay the previous step's accepted tokens and verify the new ones in one pass
+- :func:`gated_delta_rule_lazy_step`, :func:`gated_delta_rule_lazy_fold`, :func:`gated_delta_rule_lazy_reset`,
+  :class:`LazyCache`, :func:`lazy_cache` — lazy state: plain and speculative steps at one read of the state, the
+  state written only when a slot folds its ring of recent tokens
+- :func:`gated_delta_rule_mtp_ucache`, :func:`gated_delta_rule_mtp_ucache_flush` — FlashInfer's u-cache verify and
+  verify+flush calls over the same kernel
 
 Kernels are rendered from YAML specs + Jinja templates, compiled with NVRTC on first use and
 cached on disk (``GDNJIT_CACHE_DIR``); precompile with ``gdnjit warm --shapes qwen35.yaml``.
 """
 
-from .errors import CacheMissError, CompileError, CudaError, DtypeError, LockTimeoutError, SpecError
+from .errors import CacheMissError, CompileError, ContractError, CudaError, DtypeError, LockTimeoutError, SpecError
 from .version import __version__
 
 # The ops import torch; load them on first use so the CLI (warm, cache) starts fast.
@@ -35,6 +40,13 @@ _LAZY = {
     "gated_delta_rule_spec_flush": "spec_step",
     "SpecCache": "spec_step",
     "spec_cache": "spec_step",
+    "gated_delta_rule_lazy_step": "lazy",
+    "gated_delta_rule_lazy_fold": "lazy",
+    "gated_delta_rule_lazy_reset": "lazy",
+    "LazyCache": "lazy",
+    "lazy_cache": "lazy",
+    "gated_delta_rule_mtp_ucache": "ucache",
+    "gated_delta_rule_mtp_ucache_flush": "ucache",
 }
 
 
@@ -65,8 +77,16 @@ __all__ = [
     "gated_delta_rule_spec_flush",
     "SpecCache",
     "spec_cache",
+    "gated_delta_rule_lazy_step",
+    "gated_delta_rule_lazy_fold",
+    "gated_delta_rule_lazy_reset",
+    "LazyCache",
+    "lazy_cache",
+    "gated_delta_rule_mtp_ucache",
+    "gated_delta_rule_mtp_ucache_flush",
     "CacheMissError",
     "CompileError",
+    "ContractError",
     "CudaError",
     "DtypeError",
     "LockTimeoutError",

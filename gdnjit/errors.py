@@ -17,6 +17,12 @@ class DtypeError(TypeError, ValueError):
     with assertion or value errors, and callers written against it catch ValueError."""
 
 
+class ContractError(ValueError, AssertionError):
+    """A call breaks a contract FlashInfer checks with an assertion (a cursor out of its legal range, a cursor
+    tensor an in-place commit cannot update). A ValueError, and an AssertionError too, so that callers written
+    against FlashInfer catch it as they do there."""
+
+
 class CompileError(RuntimeError):
     """NVRTC rejected a rendered source. Carries the log, options, variant and numbered source."""
 

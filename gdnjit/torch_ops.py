@@ -25,7 +25,8 @@ what is registered).
 ``engine_step`` is :func:`gdnjit.gdn_engine.engine_step`, the one kernel call behind :mod:`gdnjit.compat`'s
 vLLM and SGLang entry points (which call it through this op while torch.compile traces). ``spec_step`` is
 :func:`gdnjit.gated_delta_rule_spec_step` (the wrapper takes a :class:`gdnjit.SpecCache` and allocates a zeroed
-output when none is given).
+output when none is given). ``lazy_step``, ``lazy_fold`` and ``lazy_reset`` are :func:`gdnjit.gated_delta_rule_lazy_step`
+& co. (the wrappers take a :class:`gdnjit.LazyCache`); they run on CUDA tensors only (no CPU reference path).
 
 The NVFP4 global scale is a tensor (``a_global_sf``, read by the kernel: graph-safe) or a Python
 float (``a_global_sf_value``, used when the tensor is None); the wrappers split it for you.
@@ -54,6 +55,7 @@ import torch
 from . import conv as _conv
 from . import gdn as _gdn
 from . import gdn_engine as _engine
+from . import lazy as _lazy
 from . import nvfp4 as _nvfp4
 from . import replay as _replay
 from . import spec_step as _spec
@@ -72,6 +74,9 @@ __all__ = [
     "engine_step",
     "spec_step",
     "gated_delta_rule_replayssm_commit",
+    "lazy_step",
+    "lazy_fold",
+    "lazy_reset",
     "OP_NAMES",
 ]
 
@@ -126,6 +131,17 @@ SCHEMAS = {
         "Tensor state_indices, Tensor accept_lens, Tensor? track_state_indices, Tensor? track_steps, bool use_qk_l2norm, "
         "int null_block_id, str backend) -> ()"
     ),
+    "lazy_step": (
+        "(Tensor q, Tensor k, Tensor v, Tensor A_log, Tensor a, Tensor dt_bias, Tensor b, Tensor(a!) state, "
+        "Tensor state_indices, Tensor(b!) cache_k, Tensor(c!) cache_u, Tensor(d!) cache_g, Tensor(e!) cache_cursor, "
+        "Tensor? num_accepted, float? scale, bool use_qk_l2norm, float softplus_beta, float softplus_threshold, "
+        "int null_block_id, Tensor(f!) output) -> ()"
+    ),
+    "lazy_fold": (
+        "(Tensor(a!) state, Tensor state_indices, Tensor cache_k, Tensor cache_u, Tensor cache_g, "
+        "Tensor(b!) cache_cursor, Tensor? num_accepted, int null_block_id) -> ()"
+    ),
+    "lazy_reset": "(Tensor state_indices, Tensor(a!) cache_cursor, int null_block_id) -> ()",
 }
 OP_NAMES = tuple(SCHEMAS)
 
@@ -591,3 +607,75 @@ def gated_delta_rule_replayssm_commit(checkpoint_state, rawv_cache, rawk_cache, 
     torch.ops.gdnjit.gated_delta_rule_replayssm_commit(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache,
                                                        state_indices, accept_lens, track_state_indices, track_steps,
                                                        use_qk_l2norm, null_block_id, backend)
+
+
+# ---- the lazy state (gdnjit.lazy) ----------------------------------------------------------------------
+
+
+def _cuda_only(name: str, x: torch.Tensor) -> None:
+    if x.device.type != "cuda":
+        raise NotImplementedError(f"gdnjit::{name}: runs on CUDA tensors only, got {x.device.type} tensors")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::lazy_step",
+                         mutates_args=("state", "cache_k", "cache_u", "cache_g", "cache_cursor", "output"),
+                         schema=SCHEMAS["lazy_step"])
+def _lazy_step_op(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache_k, cache_u, cache_g, cache_cursor,
+                  num_accepted, scale, use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id, output) -> None:
+    _cuda_only("lazy_step", state)
+    _lazy.gated_delta_rule_lazy_step(q, k, v, A_log, a, dt_bias, b, state, state_indices,
+                                     _lazy.LazyCache(cache_k, cache_u, cache_g, cache_cursor), num_accepted=num_accepted,
+                                     scale=scale, use_qk_l2norm=use_qk_l2norm, softplus_beta=softplus_beta,
+                                     softplus_threshold=softplus_threshold, null_block_id=null_block_id, output=output)
+
+
+@_lazy_step_op.register_fake
+def _(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache_k, cache_u, cache_g, cache_cursor, num_accepted,
+      scale, use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id, output) -> None:
+    return None
+
+
+def lazy_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, *, num_accepted=None, scale=None,
+              use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0, null_block_id=-1,
+              output=None) -> torch.Tensor:
+    """:func:`gdnjit.gated_delta_rule_lazy_step` through ``torch.ops.gdnjit``; returns the output (allocated zeroed
+    when not given, so padding rows read 0 as in the eager function)."""
+    if output is None:
+        output = torch.zeros((*q.shape[:2], v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
+    torch.ops.gdnjit.lazy_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, *cache, num_accepted, scale,
+                               use_qk_l2norm, float(softplus_beta), float(softplus_threshold), null_block_id, output)
+    return output
+
+
+@torch.library.custom_op(f"{NAMESPACE}::lazy_fold", mutates_args=("state", "cache_cursor"), schema=SCHEMAS["lazy_fold"])
+def _lazy_fold_op(state, state_indices, cache_k, cache_u, cache_g, cache_cursor, num_accepted, null_block_id) -> None:
+    _cuda_only("lazy_fold", state)
+    _lazy.gated_delta_rule_lazy_fold(state, state_indices, _lazy.LazyCache(cache_k, cache_u, cache_g, cache_cursor),
+                                     num_accepted=num_accepted, null_block_id=null_block_id)
+
+
+@_lazy_fold_op.register_fake
+def _(state, state_indices, cache_k, cache_u, cache_g, cache_cursor, num_accepted, null_block_id) -> None:
+    return None
+
+
+def lazy_fold(state, state_indices, cache, *, num_accepted=None, null_block_id=-1) -> None:
+    """:func:`gdnjit.gated_delta_rule_lazy_fold` through ``torch.ops.gdnjit`` (state and cursors updated in place)."""
+    torch.ops.gdnjit.lazy_fold(state, state_indices, *cache, num_accepted, null_block_id)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::lazy_reset", mutates_args=("cache_cursor",), schema=SCHEMAS["lazy_reset"])
+def _lazy_reset_op(state_indices, cache_cursor, null_block_id) -> None:
+    _cuda_only("lazy_reset", cache_cursor)
+    cache = _lazy.LazyCache(cache_cursor, cache_cursor, cache_cursor, cache_cursor)  # a reset reads only the cursors
+    _lazy.gated_delta_rule_lazy_reset(state_indices, cache, null_block_id=null_block_id)
+
+
+@_lazy_reset_op.register_fake
+def _(state_indices, cache_cursor, null_block_id) -> None:
+    return None
+
+
+def lazy_reset(state_indices, cache, *, null_block_id=-1) -> None:
+    """:func:`gdnjit.gated_delta_rule_lazy_reset` through ``torch.ops.gdnjit`` (cursors updated in place)."""
+    torch.ops.gdnjit.lazy_reset(state_indices, cache[3], null_block_id)

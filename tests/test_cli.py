@@ -1052,7 +1052,7 @@ def test_cache_import_without_entries_is_an_error(cache_dir, tmp_path, content):
     ("nofile.yml", "spec file 'nofile.yml': no such file"),
     ("specs/gdn", "spec file 'specs/gdn': no such file"),
     ("adir", "spec file 'adir': expected a YAML file, got a directory"),
-    ("nospec", "'nospec': expected a spec file or a shipped spec name (causal_conv1d_update, gdn, nvfp4_quantize), got neither "
+    ("nospec", "'nospec': expected a spec file or a shipped spec name (causal_conv1d_update, gdn, gdn_lazy, nvfp4_quantize), got neither "
                "(no such file, no such spec)"),
 ])
 def test_spec_validate_missing_target(cache_dir, tmp_path, monkeypatch, target, message):

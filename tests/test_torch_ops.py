@@ -32,6 +32,9 @@ MUTATED = {
     "engine_step": {"state", "inter", "output", "rawv", "rawk", "g_cache", "beta_cache"},
     "spec_step": {"state", "cache_k", "cache_v", "cache_g", "cache_beta", "cache_ctl", "output"},
     "gated_delta_rule_replayssm_commit": {"checkpoint_state"},
+    "lazy_step": {"state", "cache_k", "cache_u", "cache_g", "cache_cursor", "output"},
+    "lazy_fold": {"state", "cache_cursor"},
+    "lazy_reset": {"cache_cursor"},
 }
 
 
@@ -46,11 +49,14 @@ def test_every_public_op_is_registered():
 
     expected = ["gated_delta_rule_decode_pretranspose", "gated_delta_rule_decode", "gated_delta_rule_mtp",
                 "nvfp4_quantize", "dequantize_nvfp4", "causal_conv1d_update", "engine_step", "spec_step",
-                "gated_delta_rule_replayssm_commit"]
+                "gated_delta_rule_replayssm_commit", "lazy_step", "lazy_fold", "lazy_reset"]
     assert list(ops.OP_NAMES) == expected
     # engine_step is gdnjit.gdn_engine's (the call behind gdnjit.compat), spec_step gdnjit.gated_delta_rule_spec_step,
     # the others gdnjit's public functions of the same name
-    assert set(expected) - {"engine_step", "spec_step"} <= set(gdnjit.__all__) | set(dir(gdnjit))
+    # lazy_step / lazy_fold / lazy_reset are gdnjit.gated_delta_rule_lazy_step / _fold / _reset
+    lazy = {"lazy_step", "lazy_fold", "lazy_reset"}
+    assert set(expected) - {"engine_step", "spec_step"} - lazy <= set(gdnjit.__all__) | set(dir(gdnjit))
+    assert {f"gated_delta_rule_{n}" for n in lazy} <= set(gdnjit.__all__)
     assert "gated_delta_rule_spec_step" in gdnjit.__all__
     for name in expected:
         assert callable(getattr(ops, name))
@@ -88,7 +94,8 @@ def test_schema_text_and_mutated_args(name):
     import gdnjit.gdn_engine
 
     eager = (gdnjit.gdn_engine.engine_step if name == "engine_step" else gdnjit.gated_delta_rule_spec_step
-             if name == "spec_step" else getattr(gdnjit, name))
+             if name == "spec_step" else getattr(gdnjit, "gated_delta_rule_" + name) if name.startswith("lazy_")
+             else getattr(gdnjit, name))
     assert list(inspect.signature(getattr(ops, name)).parameters) == list(inspect.signature(eager).parameters)
 
 

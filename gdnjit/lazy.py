@@ -1,0 +1,432 @@
+"""Lazy-state GDN: plain and speculative decode steps at one read of the state (docs/design.md section 11).
+
+A pool slot holds its checkpoint state S0 (the ``state`` pool) and, in a :class:`LazyCache`, a ring of the last P
+tokens' normalised key k^, correction u and cumulative log decay G since S0. A step (:func:`gated_delta_rule_lazy_step`)
+reads S0 once, computes the outputs of its T new tokens from S0 and the ring, and appends their rows; the state is
+written only when the slot *folds* (S0 <- the state after its P committed rows, ring emptied), which happens in the
+same launch when the next T rows would not fit the window W (a spec tunable, 16 by default). So a plain T = 1 decode
+moves about 1 + 1/W state passes a token instead of 2, and a speculative step one read plus its share of the folds.
+
+Cursors live with the slot (``cache.cursor [slots, 4]`` int32: committed length, ring base, pending rows, an arrival
+count), so requests may join, leave and reorder between steps; the kernel commits them itself (the last CTA of a
+slot to finish does).
+
+- Plain decoding: ``num_accepted=None``: the T rows are committed at once.
+- Speculative decoding: pass ``num_accepted`` (``[B]`` int32): how many of the slot's *previous* step's T pending
+  rows were accepted (0..T; 0 for a request's first step). Accepting is a cursor move; this step's T rows wait as
+  pending for the next step's count.
+
+Engine contract: while a slot's ring is not empty its pool entry is not its current state. Call
+:func:`gated_delta_rule_lazy_fold` before the state is read as such (a request finishes, is preempted, its state is
+saved for prefix caching, a prefill continues from it), and :func:`gated_delta_rule_lazy_reset` when a prefill
+wrote a fresh checkpoint into the slot (the ring is emptied; nothing is folded).
+
+Precision: fp32 arithmetic; a bf16 / fp16 state is rounded once per fold, not once per token. Ring rows are stored
+in the cache's dtype (fp32 for an fp32 state by default, the state's dtype otherwise).
+
+All calls are graph capturable (no host reads of device values); a slot past the pool stops the kernel (trap).
+This module validates and builds the named calls of the ``gdn_lazy`` spec; :mod:`gdnjit.runner` does the rest.
+Reference: :mod:`gdnjit.reference.lazy`. FlashInfer's u-cache calls over the same kernel: :mod:`gdnjit.ucache`.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+
+from . import validate as _v
+from .call_mode import CallMode
+from .errors import DtypeError
+from .gdn_core import IN_DTYPES, MAX_T, OUT_DTYPES, SUPPORTED_DIMS, launch_device, uses_pdl
+from .gdn_core import signature as _sig
+from .runner import RUNNER, launch_on, remember
+from .spec import get_spec
+
+SPEC = get_spec("gdn_lazy")
+RING = 32                 # physical ring rows of a LazyCache (window + T <= 32 for every window the spec allows)
+STATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+RING_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+GATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+STEP = CallMode(SPEC, "lazy step", ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "idx", "out", "k_ring",
+                                    "u_ring", "g_ring", "cursor", "acc"))
+FOLD = CallMode(SPEC, "lazy fold", ("state", "idx", "k_ring", "u_ring", "g_ring", "cursor", "acc"))
+RESET = CallMode(SPEC, "lazy reset", ("idx", "cursor"))
+_memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, output shape, device)
+_MEMO_MAX = 1024
+
+
+class LazyCache(NamedTuple):
+    """The per-slot rings and cursors of one layer (module docstring).
+
+    ``k [slots, H, 32, K]`` (normalised keys) and ``u [slots, HV, 32, V]`` (corrections) in the ring dtype, ``g
+    [slots, HV, 32]`` fp32 (cumulative log decay since the checkpoint), ``cursor [slots, 4]`` int32 (committed
+    length, base row, pending rows, arrival count; zeros: an empty ring). Inner dims dense; the slot dim may be
+    strided. A leading layer dim is allowed for storage (:func:`lazy_cache` with ``layers``): pass
+    ``cache.layer(i)`` per call.
+    """
+
+    k: torch.Tensor
+    u: torch.Tensor
+    g: torch.Tensor
+    cursor: torch.Tensor
+
+    def layer(self, i: int) -> "LazyCache":
+        """Layer ``i`` of a cache allocated with a leading layer dim (views, no copy)."""
+        if self.cursor.dim() != 3:
+            raise ValueError(f"layer: this cache has no layer dim (cursor shape {tuple(self.cursor.shape)})")
+        return LazyCache(*(x[i] for x in self))
+
+
+def lazy_cache(slots: int, H: int, HV: int, K: int, V: int, *, dtype: torch.dtype = torch.bfloat16, device=None,
+               layers: Optional[int] = None) -> LazyCache:
+    """Allocate an empty :class:`LazyCache` for a pool of ``slots`` with ring rows of ``dtype`` (fp32 / bf16 /
+    fp16; use fp32 with an fp32 state, the state's dtype otherwise) on ``device`` (``layers``: a leading layer dim).
+    Everything is zeroed: every slot starts with an empty ring."""
+    for name, x in (("slots", slots), ("H", H), ("HV", HV), ("K", K), ("V", V)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name}: expected a positive int, got {x!r}")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise ValueError(f"layers: expected None or a positive int, got {layers!r}")
+    if HV % H:
+        raise ValueError(f"HV: expected a multiple of H={H}, got {HV}")
+    for name, x in (("K", K), ("V", V)):
+        if x not in SUPPORTED_DIMS:
+            raise ValueError(f"{name}: expected one of {SUPPORTED_DIMS}, got {x}")
+    if dtype not in RING_DTYPES:
+        raise DtypeError(f"dtype: expected torch.float32, torch.bfloat16 or torch.float16, got {dtype}")
+    lead = (slots,) if layers is None else (layers, slots)
+    return LazyCache(torch.zeros((*lead, H, RING, K), dtype=dtype, device=device),
+                     torch.zeros((*lead, HV, RING, V), dtype=dtype, device=device),
+                     torch.zeros((*lead, HV, RING), dtype=torch.float32, device=device),
+                     torch.zeros((*lead, 4), dtype=torch.int32, device=device))
+
+
+def gated_delta_rule_lazy_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    A_log: torch.Tensor,
+    a: torch.Tensor,
+    dt_bias: torch.Tensor,
+    b: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    cache: LazyCache,
+    *,
+    num_accepted: Optional[torch.Tensor] = None,
+    scale: Optional[float] = None,
+    use_qk_l2norm: bool = True,
+    softplus_beta: float = 1.0,
+    softplus_threshold: float = 20.0,
+    null_block_id: int = -1,
+    output: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """One lazy decode step of one layer (module docstring); returns the outputs ``[B, T, HV, V]``.
+
+    Args:
+        q, k: ``[B, T, H, K]`` bf16 / fp16, T in 1..16 (last dim contiguous, other strides free); v: ``[B, T, HV,
+            V]``; a, b: ``[B, T, HV]`` (raw gates: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); heads
+            contiguous); A_log, dt_bias: ``[HV]`` fp32 / bf16 / fp16 (contiguous).
+        state: the checkpoint pool ``[slots, HV, V, K]`` fp32 / bf16 / fp16 (K contiguous; slot, head and row
+            strides free, 16-byte aligned), written only where a slot folds.
+        state_indices: ``[B]`` int32 / int64, row n's slot; ``<= null_block_id`` (or negative) is padding: nothing
+            read or written, its output rows zeros in an allocated output (left as they were in a given one).
+        cache: this layer's :class:`LazyCache` (slots = ``state.shape[0]``, q / k heads H, the state's HV, K, V).
+        num_accepted: None for plain decoding (the T rows commit at once); else ``[B]`` int32: the accepted count
+            of the slot's previous step's pending rows (0..its T; values outside are clamped), and this step's T
+            rows wait as pending.
+        scale: q scale (default ``K ** -0.5``); use_qk_l2norm: l2-normalise q and k (eps 1e-6 under the root).
+        softplus_beta, softplus_threshold: the decay gate's softplus (1.0, 20.0).
+        null_block_id: an int >= -1: slots <= it are padding.
+        output: optional ``[B, T, HV, V]`` bf16 / fp16 / fp32 (last dim contiguous); else allocated in q's dtype.
+    """
+    config = RUNNER.sync()
+    tensors = (q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, output)
+    try:
+        sig = ("step", tuple(_sig(x) for x in tensors + tuple(cache)), scale, type(scale), use_qk_l2norm,
+               type(use_qk_l2norm), softplus_beta, softplus_threshold, null_block_id, type(null_block_id),
+               (q.data_ptr() | k.data_ptr() | v.data_ptr() | state.data_ptr() | cache[0].data_ptr()
+                | cache[1].data_ptr()) & 15)
+        hit = _memo.get(sig)
+    except (AttributeError, TypeError, RuntimeError, ValueError):  # a non-tensor argument: the checks report it
+        sig = hit = None
+    if hit is None:
+        output, call = prepare_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, num_accepted, scale,
+                                    use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id, output)
+        if call is None:
+            return output
+        bound, dev = RUNNER.bind(call), call.device
+        remember(_memo, sig, (bound, tuple(output.shape), dev), config, _MEMO_MAX)
+    else:
+        bound, out_shape, dev = hit
+        if output is None:
+            output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    launch_on(dev, bound, STEP.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(),
+                                    A_log.data_ptr(), dt_bias.data_ptr(), state.data_ptr(), state_indices.data_ptr(),
+                                    output.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(), cache[2].data_ptr(),
+                                    cache[3].data_ptr(), 0 if num_accepted is None else num_accepted.data_ptr()))
+    return output
+
+
+def gated_delta_rule_lazy_fold(state: torch.Tensor, state_indices: torch.Tensor, cache: LazyCache, *,
+                               num_accepted: Optional[torch.Tensor] = None, null_block_id: int = -1) -> None:
+    """Fold the committed rows of the chosen slots into their checkpoints and empty their rings: afterwards
+    ``state[slot]`` is the slot's current state (a request finishes, is preempted, is saved as a prefix, or a
+    prefill continues from it). ``state_indices [B]``: the slots (padding as in the step); ``num_accepted``: the
+    accepted count of the slots' last speculative step (its pending rows), None for 0. Arguments as in
+    :func:`gated_delta_rule_lazy_step`."""
+    config = RUNNER.sync()
+    try:
+        sig = ("fold", tuple(_sig(x) for x in (state, state_indices, num_accepted) + tuple(cache)), null_block_id,
+               type(null_block_id), (state.data_ptr() | cache[0].data_ptr() | cache[1].data_ptr()) & 15)
+        hit = _memo.get(sig)
+    except (AttributeError, TypeError, RuntimeError, ValueError):
+        sig = hit = None
+    if hit is None:
+        call = prepare_fold(state, state_indices, cache, num_accepted, null_block_id, "fold")
+        if call is None:
+            return
+        bound, dev = RUNNER.bind(call), call.device
+        remember(_memo, sig, (bound, None, dev), config, _MEMO_MAX)
+    else:
+        bound, _, dev = hit
+    launch_on(dev, bound, FOLD.pack(state.data_ptr(), state_indices.data_ptr(), cache[0].data_ptr(),
+                                    cache[1].data_ptr(), cache[2].data_ptr(), cache[3].data_ptr(),
+                                    0 if num_accepted is None else num_accepted.data_ptr()))
+
+
+def gated_delta_rule_lazy_reset(state_indices: torch.Tensor, cache: LazyCache, *, null_block_id: int = -1) -> None:
+    """Empty the rings of the chosen slots without folding (a prefill wrote a fresh checkpoint to them).
+    ``state_indices [B]`` int32 / int64 (padding as in the step)."""
+    config = RUNNER.sync()
+    try:
+        sig = ("reset", tuple(_sig(x) for x in (state_indices,) + tuple(cache)), null_block_id, type(null_block_id))
+        hit = _memo.get(sig)
+    except (AttributeError, TypeError, RuntimeError, ValueError):
+        sig = hit = None
+    if hit is None:
+        call = prepare_fold(None, state_indices, cache, None, null_block_id, "reset")
+        if call is None:
+            return
+        bound, dev = RUNNER.bind(call), call.device
+        remember(_memo, sig, (bound, None, dev), config, _MEMO_MAX)
+    else:
+        bound, _, dev = hit
+    launch_on(dev, bound, RESET.pack(state_indices.data_ptr(), cache[3].data_ptr()))
+
+
+def check_state(state, require_cuda: bool = True) -> tuple:
+    """A checkpoint pool ``[slots, HV, V, K]``: dtype, dims, K contiguous, 16-byte aligned pieces; (slots, HV, V, K)."""
+    (_v.cuda_tensor if require_cuda else _v.tensor)("state", state, 4)
+    _v.dtype_in("state", state, STATE_DTYPES)
+    slots, HV, V, K = state.shape
+    if K not in SUPPORTED_DIMS or V not in SUPPORTED_DIMS:
+        raise ValueError(f"state: K and V (dims 3, 2) must be in {SUPPORTED_DIMS}, got shape {tuple(state.shape)}")
+    if state.stride(3) != 1:
+        raise ValueError(f"state: expected K (dim 3) contiguous, got strides {state.stride()}")
+    _v.aligned("state", state, 16)
+    return slots, HV, V, K
+
+
+def check_rings(prefix: str, k_ring, u_ring, g_ring, slots: int, H: Optional[int], HV: int, K: int, V: int,
+                rows: int, device, dtypes=RING_DTYPES) -> int:
+    """The three ring tensors (``{prefix}k`` ``[slots, H, rows, K]``, ``{prefix}u`` ``[slots, HV, rows, V]``,
+    ``{prefix}g`` ``[slots, HV, rows]`` fp32): inner dims dense, the slot dim any stride; returns H."""
+    for name, x, nd in ((prefix + "k", k_ring, 4), (prefix + "u", u_ring, 4), (prefix + "g", g_ring, 3)):
+        _v.tensor(name, x, nd)
+        _v.same_device(name, x, device)
+    Hk = k_ring.shape[1] if H is None else H
+    if Hk < 1 or HV % Hk:
+        raise ValueError(f"{prefix}k: its heads H (dim 1) must divide HV={HV}, got shape {tuple(k_ring.shape)}")
+    _v.dtype_in(prefix + "k", k_ring, dtypes)
+    _v.dtype_in(prefix + "u", u_ring, (k_ring.dtype,))
+    _v.dtype_in(prefix + "g", g_ring, (torch.float32,))
+    for name, x, shape, what in ((prefix + "k", k_ring, (slots, Hk, rows, K), f"[slots, H, {rows}, K]"),
+                                 (prefix + "u", u_ring, (slots, HV, rows, V), f"[slots, HV, {rows}, V]"),
+                                 (prefix + "g", g_ring, (slots, HV, rows), f"[slots, HV, {rows}]")):
+        _v.shape_is(name, x, shape, what)
+        dense = torch.empty(shape[1:], device="meta").stride()
+        if tuple(x.stride()[1:]) != tuple(dense):
+            raise ValueError(f"{name}: expected its dims after the slot dim dense (strides {dense}), got strides "
+                             f"{x.stride()}")
+    return Hk
+
+
+def check_cache(cache, slots: int, H: Optional[int], HV: int, K: int, V: int, device) -> int:
+    """A :class:`LazyCache` for this pool; returns its H."""
+    if not isinstance(cache, tuple) or len(cache) != 4:
+        raise TypeError(f"cache: expected a LazyCache (k, u, g, cursor), got {type(cache).__name__}")
+    Hk = check_rings("cache.", cache.k if isinstance(cache, LazyCache) else cache[0], cache[1], cache[2], slots, H,
+                     HV, K, V, RING, device)
+    _v.dense_buffer("cache.cursor", cache[3], (slots, 4), (torch.int32,), device, "[slots, 4]", vector=False)
+    return Hk
+
+
+def check_inputs(q, k, v, a, b, A_log, dt_bias, B: int, HV: int, K: int, V: int, device) -> tuple:
+    """The token inputs of a step; returns (T, H)."""
+    _v.tensor("q", q, 4)
+    if q.dtype not in IN_DTYPES:
+        raise DtypeError(f"q: expected dtype bfloat16 or float16, got {str(q.dtype).replace('torch.', '')}")
+    _v.same_device("q", q, device)
+    B_q, T, H, Kq = q.shape
+    if B_q != B:
+        raise ValueError(f"q: expected B={B} rows (state_indices' length), got shape {tuple(q.shape)}")
+    if Kq != K:
+        raise ValueError(f"q: expected K={K} (the state's last dim), got shape {tuple(q.shape)}")
+    if not 1 <= T <= MAX_T:
+        raise ValueError(f"q: the tokens T (dim 1) must be in 1..{MAX_T}, got {T}")
+    if H < 1 or HV % H:
+        raise ValueError(f"q: its heads H={H} (dim 2) must divide the state's value heads HV={HV}")
+    for name, x, shape in (("k", k, (B, T, H, K)), ("v", v, (B, T, HV, V))):
+        _v.tensor(name, x, 4)
+        _v.dtype_in(name, x, (q.dtype,))
+        _v.same_device(name, x, device)
+        _v.shape_is(name, x, shape, "[B, T, heads, dim]")
+        _v.inner_contiguous(name, x)
+    _v.inner_contiguous("q", q)
+    for name, x in (("a", a), ("b", b)):
+        _v.tensor(name, x, 3)
+        _v.dtype_in(name, x, (q.dtype,))
+        _v.same_device(name, x, device)
+        _v.shape_is(name, x, (B, T, HV), "[B, T, HV]")
+        _v.inner_contiguous(name, x)
+    for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
+        _v.tensor(name, x, 1)
+        _v.dtype_in(name, x, GATE_DTYPES)
+        _v.same_device(name, x, device)
+        _v.shape_is(name, x, (HV,), "[HV]")
+        _v.inner_contiguous(name, x)
+    return T, H
+
+
+def gate_values(scale, softplus_beta, softplus_threshold, K: int) -> tuple:
+    """(scale, softplus_beta, softplus_threshold) as floats: scale default ``K ** -0.5``, scale and beta > 0."""
+    scale = K ** -0.5 if scale is None else _v.real_number("scale", scale)
+    if not scale > 0:
+        raise ValueError(f"scale: expected a positive float, got {scale!r}")
+    softplus_beta = _v.real_number("softplus_beta", softplus_beta)
+    softplus_threshold = _v.real_number("softplus_threshold", softplus_threshold)
+    if not softplus_beta > 0:
+        raise ValueError(f"softplus_beta: expected a positive float, got {softplus_beta!r}")
+    return scale, softplus_beta, softplus_threshold
+
+
+def token_args(q, k, v, a, b, output) -> dict:
+    """The per-token tensors' strides, by the spec's names."""
+    return dict(q_sn=q.stride(0), q_st=q.stride(1), q_sh=q.stride(2), k_sn=k.stride(0), k_st=k.stride(1),
+                k_sh=k.stride(2), v_sn=v.stride(0), v_st=v.stride(1), v_sh=v.stride(2), a_sn=a.stride(0),
+                a_st=a.stride(1), b_sn=b.stride(0), b_st=b.stride(1), o_sn=output.stride(0), o_st=output.stride(1),
+                o_sh=output.stride(2))
+
+
+def prepare_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, num_accepted, scale, use_qk_l2norm,
+                 softplus_beta, softplus_threshold, null_block_id, output, *, require_cuda: bool = True):
+    """Every check of a step; ``(output, call)`` with the named :class:`~gdnjit.runner.KernelCall` (None: nothing to
+    run)."""
+    slots, HV, V, K = check_state(state, require_cuda)
+    device = state.device
+    use_qk_l2norm = _v.boolean("use_qk_l2norm", use_qk_l2norm)
+    _v.null_block("null_block_id", null_block_id)
+    _v.tensor("state_indices", state_indices, 1)
+    B = state_indices.shape[0]
+    _v.index_tensor("state_indices", state_indices, B, device)
+    T, H = check_inputs(q, k, v, a, b, A_log, dt_bias, B, HV, K, V, device)
+    check_cache(cache, slots, H, HV, K, V, device)
+    if num_accepted is not None:
+        _v.dense_buffer("num_accepted", num_accepted, (B,), (torch.int32,), device, f"[B={B}]", vector=False)
+    scale, softplus_beta, softplus_threshold = gate_values(scale, softplus_beta, softplus_threshold, K)
+    zero_pad = output is None
+    if output is None:
+        output = torch.empty((B, T, HV, V), dtype=q.dtype, device=device)
+    else:
+        _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", OUT_DTYPES, device)
+    if B == 0:
+        return output, None
+    params = dict(mode="step", pending=num_accepted is not None, K=K, V=V, T=T,
+                  in_dtype=_v.FLOAT_NAMES[q.dtype], out_dtype=_v.FLOAT_NAMES[output.dtype],
+                  state_dtype=_v.FLOAT_NAMES[state.dtype], ring_dtype=_v.FLOAT_NAMES[cache[0].dtype],
+                  alog_dtype=_v.FLOAT_NAMES[A_log.dtype], dtb_dtype=_v.FLOAT_NAMES[dt_bias.dtype],
+                  idx_dtype=_v.INDEX_NAMES[state_indices.dtype], l2norm=use_qk_l2norm, zero_pad=zero_pad)
+    args = dict(q=q.data_ptr(), k=k.data_ptr(), v=v.data_ptr(), a=a.data_ptr(), b=b.data_ptr(),
+                A_log=A_log.data_ptr(), dt_bias=dt_bias.data_ptr(), state=state.data_ptr(),
+                idx=state_indices.data_ptr(), out=output.data_ptr(), k_ring=cache[0].data_ptr(),
+                u_ring=cache[1].data_ptr(), g_ring=cache[2].data_ptr(), cursor=cache[3].data_ptr(),
+                acc=0 if num_accepted is None else num_accepted.data_ptr(), **token_args(q, k, v, a, b, output),
+                **pool_args(state, cache[0], cache[1], cache[2]), null_block=null_block_id, scale=scale,
+                softplus_beta=softplus_beta, softplus_threshold=softplus_threshold, B=B, H=H, HV=HV)
+    dev = launch_device(device, require_cuda)
+    return output, STEP.call(params, dict(B=B, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
+
+
+def pool_args(state, k_ring, u_ring, g_ring) -> dict:
+    """The pool's and the rings' strides, by the spec's names; requires the state's pieces 16-byte aligned."""
+    for name, s in (("slot", state.stride(0)), ("head", state.stride(1)), ("row", state.stride(2))):
+        if state.shape[0 if name == "slot" else 1 if name == "head" else 2] > 1 and (s * state.element_size()) % 16:
+            raise ValueError(f"state: the {name} stride must be a multiple of 16 bytes (16-byte loads), got "
+                             f"{s} elements")
+    return dict(s_slot=state.stride(0), s_head=state.stride(1), s_row=state.stride(2), kr_slot=k_ring.stride(0),
+                ur_slot=u_ring.stride(0), gr_slot=g_ring.stride(0), pool_size=state.shape[0])
+
+
+def prepare_fold(state, state_indices, cache, num_accepted, null_block_id, mode: str, *, require_cuda: bool = True):
+    """Every check of a fold (``mode`` 'fold') or a reset ('reset', no state); the named call or None."""
+    _v.null_block("null_block_id", null_block_id)
+    if mode == "fold":
+        slots, HV, V, K = check_state(state, require_cuda)
+        device = state.device
+        H = check_cache(cache, slots, None, HV, K, V, device)
+    else:
+        if not isinstance(cache, tuple) or len(cache) != 4:
+            raise TypeError(f"cache: expected a LazyCache (k, u, g, cursor), got {type(cache).__name__}")
+        (_v.cuda_tensor if require_cuda else _v.tensor)("cache.cursor", cache[3], 2)
+        device = cache[3].device
+        slots = cache[3].shape[0]
+        _v.dense_buffer("cache.cursor", cache[3], (slots, 4), (torch.int32,), device, "[slots, 4]", vector=False)
+        H = HV = 1
+        K = V = 128
+    _v.tensor("state_indices", state_indices, 1)
+    B = state_indices.shape[0]
+    _v.index_tensor("state_indices", state_indices, B, device)
+    if num_accepted is not None:
+        _v.dense_buffer("num_accepted", num_accepted, (B,), (torch.int32,), device, f"[B={B}]", vector=False)
+    if B == 0:
+        return None
+    params = dict(mode=mode, K=K, V=V, state_dtype=_v.FLOAT_NAMES[state.dtype] if state is not None else "fp32",
+                  ring_dtype=_v.FLOAT_NAMES[cache[0].dtype] if mode == "fold" else "bf16",  # a reset reads no ring
+                  idx_dtype=_v.INDEX_NAMES[state_indices.dtype])
+    args = dict(idx=state_indices.data_ptr(), cursor=cache[3].data_ptr(), null_block=null_block_id, B=B, H=H, HV=HV,
+                pool_size=slots)
+    if mode == "fold":
+        args.update(state=state.data_ptr(), k_ring=cache[0].data_ptr(), u_ring=cache[1].data_ptr(),
+                    g_ring=cache[2].data_ptr(), acc=0 if num_accepted is None else num_accepted.data_ptr(),
+                    **pool_args(state, cache[0], cache[1], cache[2]))
+    dev = launch_device(device, require_cuda)
+    mode_obj = FOLD if mode == "fold" else RESET
+    return mode_obj.call(params, dict(B=B, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
+
+
+def example_call(params: dict, facts: dict, device):
+    """Random inputs for one problem of the spec (``gdnjit tune``): the named call and its tensors."""
+    dt = {v: k for k, v in _v.FLOAT_NAMES.items()}
+    B, HV, K, V, T = facts["B"], facts["HV"], params["K"], params["V"], params["T"]
+    if params["mode"] != "step" or params["cursor"] != "slot":
+        raise ValueError("gdn_lazy example: only gdnjit's own steps are tuned (mode step, cursor slot)")
+    H = max(1, HV // 4)
+    in_dt = dt[params["in_dtype"]]
+    state = (torch.randn(B + 1, HV, V, K, device=device) * 0.05).to(dt[params["state_dtype"]])
+    cache = lazy_cache(B + 1, H, HV, K, V, dtype=dt[params["ring_dtype"]], device=device)
+    q, k = (torch.randn(B, T, H, K, device=device).to(in_dt) for _ in range(2))
+    v = torch.randn(B, T, HV, V, device=device).to(in_dt)
+    a, b = (torch.randn(B, T, HV, device=device).to(in_dt) for _ in range(2))
+    A_log = torch.rand(HV, device=device).to(dt[params["alog_dtype"]])
+    dt_bias = torch.randn(HV, device=device).to(dt[params["dtb_dtype"]])
+    idx = torch.randperm(B + 1, device=device)[:B].to(getattr(torch, params["idx_dtype"]))
+    acc = torch.zeros(B, dtype=torch.int32, device=device) if params["pending"] else None
+    out = None if params["zero_pad"] else torch.empty(B, T, HV, V, dtype=dt[params["out_dtype"]], device=device)
+    output, call = prepare_step(q, k, v, A_log, a, dt_bias, b, state, idx, cache, acc, None, params["l2norm"], 1.0,
+                                20.0, -1, out)
+    if dict(call.params) != dict(params):
+        raise ValueError(f"gdn_lazy example: the inputs give params {call.params}, not {params}")
+    return call, (q, k, v, a, b, A_log, dt_bias, state, idx, cache, acc, output)
