@@ -22,7 +22,11 @@ saved for prefix caching, a prefill continues from it), and :func:`gated_delta_r
 wrote a fresh checkpoint into the slot (the ring is emptied; nothing is folded).
 
 Precision: fp32 arithmetic; a bf16 / fp16 state is rounded once per fold, not once per token. Ring rows are stored
-in the cache's dtype (fp32 for an fp32 state by default, the state's dtype otherwise).
+in the cache's dtype (:func:`lazy_cache`'s ``dtype``, bf16 unless given): give an fp32 state fp32 rings (bf16 rings
+cost it about 1e-3 relative), and a 16-bit state fp32 rings where its drift matters more than the ring's bytes
+(with 16-bit rings a folded state rounds twice: the ring rows, then the state).
+
+Each slot may appear once per call (the kernel counts its CTAs per slot); ``GDNJIT_CHECK_INDICES=1`` checks it.
 
 All calls are graph capturable (no host reads of device values); a slot past the pool stops the kernel (trap).
 This module validates and builds the named calls of the ``gdn_lazy`` spec; :mod:`gdnjit.runner` does the rest.
@@ -40,6 +44,7 @@ from .call_mode import CallMode
 from .errors import DtypeError
 from .gdn_core import IN_DTYPES, MAX_T, OUT_DTYPES, SUPPORTED_DIMS, launch_device, uses_pdl
 from .gdn_core import signature as _sig
+from .config import get_config
 from .runner import RUNNER, launch_on, remember
 from .spec import get_spec
 
@@ -82,8 +87,8 @@ class LazyCache(NamedTuple):
 def lazy_cache(slots: int, H: int, HV: int, K: int, V: int, *, dtype: torch.dtype = torch.bfloat16, device=None,
                layers: Optional[int] = None) -> LazyCache:
     """Allocate an empty :class:`LazyCache` for a pool of ``slots`` with ring rows of ``dtype`` (fp32 / bf16 /
-    fp16; use fp32 with an fp32 state, the state's dtype otherwise) on ``device`` (``layers``: a leading layer dim).
-    Everything is zeroed: every slot starts with an empty ring."""
+    fp16; bf16 by default: give an fp32 state fp32 rings, see the module docstring) on ``device`` (``layers``: a
+    leading layer dim). Everything is zeroed: every slot starts with an empty ring."""
     for name, x in (("slots", slots), ("H", H), ("HV", HV), ("K", K), ("V", V)):
         if isinstance(x, bool) or not isinstance(x, int) or x < 1:
             raise ValueError(f"{name}: expected a positive int, got {x!r}")
@@ -230,22 +235,24 @@ def check_state(state, require_cuda: bool = True) -> tuple:
     return slots, HV, V, K
 
 
-def check_rings(prefix: str, k_ring, u_ring, g_ring, slots: int, H: Optional[int], HV: int, K: int, V: int,
+def check_rings(names: tuple, k_ring, u_ring, g_ring, slots: int, H: Optional[int], HV: int, K: int, V: int,
                 rows: int, device, dtypes=RING_DTYPES) -> int:
-    """The three ring tensors (``{prefix}k`` ``[slots, H, rows, K]``, ``{prefix}u`` ``[slots, HV, rows, V]``,
-    ``{prefix}g`` ``[slots, HV, rows]`` fp32): inner dims dense, the slot dim any stride; returns H."""
-    for name, x, nd in ((prefix + "k", k_ring, 4), (prefix + "u", u_ring, 4), (prefix + "g", g_ring, 3)):
+    """The three ring tensors, called ``names`` in messages: keys ``[slots, H, rows, K]``, corrections ``[slots, HV,
+    rows, V]`` (the keys' dtype), log decays ``[slots, HV, rows]`` fp32; dims after the slot dim dense, the slot
+    pitch free (16-byte multiples for the 16-byte pieces); returns H."""
+    kn, un, gn = names
+    for name, x, nd in ((kn, k_ring, 4), (un, u_ring, 4), (gn, g_ring, 3)):
         _v.tensor(name, x, nd)
         _v.same_device(name, x, device)
     Hk = k_ring.shape[1] if H is None else H
     if Hk < 1 or HV % Hk:
-        raise ValueError(f"{prefix}k: its heads H (dim 1) must divide HV={HV}, got shape {tuple(k_ring.shape)}")
-    _v.dtype_in(prefix + "k", k_ring, dtypes)
-    _v.dtype_in(prefix + "u", u_ring, (k_ring.dtype,))
-    _v.dtype_in(prefix + "g", g_ring, (torch.float32,))
-    for name, x, shape, what in ((prefix + "k", k_ring, (slots, Hk, rows, K), f"[slots, H, {rows}, K]"),
-                                 (prefix + "u", u_ring, (slots, HV, rows, V), f"[slots, HV, {rows}, V]"),
-                                 (prefix + "g", g_ring, (slots, HV, rows), f"[slots, HV, {rows}]")):
+        raise ValueError(f"{kn}: its heads H (dim 1) must divide HV={HV}, got shape {tuple(k_ring.shape)}")
+    _v.dtype_in(kn, k_ring, dtypes)
+    _v.dtype_in(un, u_ring, (k_ring.dtype,))
+    _v.dtype_in(gn, g_ring, (torch.float32,))
+    for name, x, shape, what in ((kn, k_ring, (slots, Hk, rows, K), f"[slots, H, {rows}, K]"),
+                                 (un, u_ring, (slots, HV, rows, V), f"[slots, HV, {rows}, V]"),
+                                 (gn, g_ring, (slots, HV, rows), f"[slots, HV, {rows}]")):
         _v.shape_is(name, x, shape, what)
         dense = torch.empty(shape[1:], device="meta").stride()
         if tuple(x.stride()[1:]) != tuple(dense):
@@ -258,8 +265,8 @@ def check_cache(cache, slots: int, H: Optional[int], HV: int, K: int, V: int, de
     """A :class:`LazyCache` for this pool; returns its H."""
     if not isinstance(cache, tuple) or len(cache) != 4:
         raise TypeError(f"cache: expected a LazyCache (k, u, g, cursor), got {type(cache).__name__}")
-    Hk = check_rings("cache.", cache.k if isinstance(cache, LazyCache) else cache[0], cache[1], cache[2], slots, H,
-                     HV, K, V, RING, device)
+    Hk = check_rings(("cache.k", "cache.u", "cache.g"), cache[0], cache[1], cache[2], slots, H, HV, K, V, RING,
+                     device)
     _v.dense_buffer("cache.cursor", cache[3], (slots, 4), (torch.int32,), device, "[slots, 4]", vector=False)
     return Hk
 
@@ -344,6 +351,8 @@ def prepare_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, num
         _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", OUT_DTYPES, device)
     if B == 0:
         return output, None
+    if get_config().check_indices:
+        host_check_slots("state_indices", state_indices, slots, null_block_id)
     params = dict(mode="step", pending=num_accepted is not None, K=K, V=V, T=T,
                   in_dtype=_v.FLOAT_NAMES[q.dtype], out_dtype=_v.FLOAT_NAMES[output.dtype],
                   state_dtype=_v.FLOAT_NAMES[state.dtype], ring_dtype=_v.FLOAT_NAMES[cache[0].dtype],
@@ -357,7 +366,18 @@ def prepare_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, num
                 **pool_args(state, cache[0], cache[1], cache[2]), null_block=null_block_id, scale=scale,
                 softplus_beta=softplus_beta, softplus_threshold=softplus_threshold, B=B, H=H, HV=HV)
     dev = launch_device(device, require_cuda)
-    return output, STEP.call(params, dict(B=B, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
+    return output, STEP.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
+
+
+def host_check_slots(name: str, idx: torch.Tensor, slots: int, null_block_id: int) -> None:
+    """GDNJIT_CHECK_INDICES: the kernel's trap (a slot past the pool) as an IndexError, and a live slot named twice
+    (its CTAs would be miscounted) as a ValueError; reads the device (synchronises)."""
+    _v.host_index_in_range(name, idx, slots)
+    live = idx[(idx > null_block_id) & (idx >= 0)]
+    if live.numel() != torch.unique(live).numel():
+        values, counts = torch.unique(live, return_counts=True)
+        raise ValueError(f"{name}: each slot may appear once per call, got slot(s) {values[counts > 1].tolist()[:4]} "
+                         f"more than once")
 
 
 def pool_args(state, k_ring, u_ring, g_ring) -> dict:
@@ -393,6 +413,8 @@ def prepare_fold(state, state_indices, cache, num_accepted, null_block_id, mode:
         _v.dense_buffer("num_accepted", num_accepted, (B,), (torch.int32,), device, f"[B={B}]", vector=False)
     if B == 0:
         return None
+    if get_config().check_indices:
+        host_check_slots("state_indices", state_indices, slots, null_block_id)
     params = dict(mode=mode, K=K, V=V, state_dtype=_v.FLOAT_NAMES[state.dtype] if state is not None else "fp32",
                   ring_dtype=_v.FLOAT_NAMES[cache[0].dtype] if mode == "fold" else "bf16",  # a reset reads no ring
                   idx_dtype=_v.INDEX_NAMES[state_indices.dtype])
@@ -404,7 +426,7 @@ def prepare_fold(state, state_indices, cache, num_accepted, null_block_id, mode:
                     **pool_args(state, cache[0], cache[1], cache[2]))
     dev = launch_device(device, require_cuda)
     mode_obj = FOLD if mode == "fold" else RESET
-    return mode_obj.call(params, dict(B=B, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
+    return mode_obj.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
 
 
 def example_call(params: dict, facts: dict, device):

@@ -74,7 +74,8 @@ def _run(name: str, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, 
     B, T = q.shape[0], q.shape[1]
     use_l2 = _v.truthy("use_qk_l2norm_in_kernel", use_qk_l2norm_in_kernel)
     T_, H = _lazy.check_inputs(q, k, v, a, b, A_log, dt_bias, B, HV, K, V, device)
-    _lazy.check_rings("", k_cache, u_cache, g_cache, slots, H, HV, K, V, rows, device, RING_DTYPES)
+    _lazy.check_rings(("k_cache", "u_cache", "g_cache"), k_cache, u_cache, g_cache, slots, H, HV, K, V, rows, device,
+                      RING_DTYPES)
     if initial_state_indices is None:
         if B > slots:
             raise ValueError(f"initial_state_indices: required when B={B} exceeds the pool's {slots} slots")
@@ -119,7 +120,7 @@ def _run(name: str, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, 
                 **_lazy.pool_args(state, k_cache, u_cache, g_cache), scale=scale, softplus_beta=beta,
                 softplus_threshold=threshold, flush_min=flush_min if fold else 0, B=B, H=H, HV=HV)
     dev = launch_device(device, True)
-    RUNNER.launch(STEP.call(params, dict(B=B, HV=HV), args, dev, pdl=uses_pdl(dev)))
+    RUNNER.launch(STEP.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev)))
     return output, flush_min
 
 
