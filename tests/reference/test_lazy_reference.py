@@ -128,6 +128,8 @@ def test_model_is_sequential_decoding_of_the_accepted_stream(window, null, seed)
         T = rng.choice([1, 1, 2, 3, 4, 5, 8, 11, 16])
         spec = rng.random() < 0.6
         toks = _tokens(g, B, T, H, HV, K, V)
+        if not kw["use_qk_l2norm"]:  # unit-size keys without the l2norm: the delta rule stays contractive
+            toks = (toks[0], (toks[1].double() * K ** -0.5).to(bf)) + toks[2:]
         acc = [rng.randint(-1, T + 2) for _ in range(B)]
         before = {s: [int(x) for x in model.cursor[s]] for s in chosen}
         out = model.step(*toks[:3], A_log, toks[3], dtb, toks[4], torch.tensor(idx, dtype=torch.int32),

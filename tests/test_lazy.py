@@ -1,0 +1,354 @@
+"""gdnjit.lazy (the lazy-state GDN) on CPU tensors: the cache allocator, one-line errors naming the argument (the
+step, the fold, the reset: ``prepare_step`` / ``prepare_fold`` with ``require_cuda=False``), the named calls they
+build (params, strides of page-strided pools and rings, padding, empty batches), and the gdn_lazy spec's variants: a
+covering set (mode step / fold / reset, cursor slot / row, T 0..16, every dtype, K / V, the rules' tiles) compiles for
+sm_90 with no spills, no stack frame and no warnings (every tunable of the heaviest problems in the full tier)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import random
+
+import pytest
+import torch
+
+import gdnjit
+from gdnjit import dispatch
+from gdnjit.lazy import LazyCache, lazy_cache, prepare_fold, prepare_step
+from gdnjit.spec import get_spec
+from gdnjit.variant import Variant
+
+S, H, HV, T, K, V, B = 10, 2, 4, 3, 64, 64, 4
+bf = torch.bfloat16
+i32 = torch.int32
+
+
+def _args(**kw):
+    d = dict(q=torch.zeros(B, T, H, K, dtype=bf), k=torch.zeros(B, T, H, K, dtype=bf),
+             v=torch.zeros(B, T, HV, V, dtype=bf), A_log=torch.zeros(HV), a=torch.zeros(B, T, HV, dtype=bf),
+             dt_bias=torch.zeros(HV), b=torch.zeros(B, T, HV, dtype=bf), state=torch.zeros(S, HV, V, K),
+             state_indices=torch.zeros(B, dtype=i32), cache=lazy_cache(S, H, HV, K, V, dtype=torch.float32),
+             num_accepted=None, scale=None, use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0,
+             null_block_id=-1, output=None)
+    d.update(kw)
+    return d
+
+
+def step(**kw):
+    return prepare_step(*_args(**kw).values(), require_cuda=False)
+
+
+def fold(mode="fold", **kw):
+    d = dict(state=torch.zeros(S, HV, V, K), state_indices=torch.zeros(B, dtype=i32),
+             cache=lazy_cache(S, H, HV, K, V), num_accepted=None, null_block_id=-1)
+    d.update(kw)
+    if mode == "reset":
+        d["state"] = None
+    return prepare_fold(*d.values(), mode, require_cuda=False)
+
+
+def _cache_with(i, x, slots=S):
+    c = list(lazy_cache(slots, H, HV, K, V, dtype=torch.float32))
+    c[i] = x
+    return LazyCache(*c)
+
+
+def test_lazy_cache_layout():
+    c = lazy_cache(S, H, HV, K, V, dtype=torch.float16, layers=3)
+    assert c.k.shape == (3, S, H, 32, K) and c.u.shape == (3, S, HV, 32, V) and c.k.dtype == c.u.dtype == torch.float16
+    assert c.g.shape == (3, S, HV, 32) and c.g.dtype == torch.float32
+    assert c.cursor.shape == (3, S, 4) and c.cursor.dtype == i32
+    assert all(int(x.abs().sum()) == 0 for x in c)
+    one = c.layer(2)
+    assert one.k.shape == (S, H, 32, K) and one.k.data_ptr() == c.k[2].data_ptr()
+    with pytest.raises(ValueError, match="layer: this cache has no layer dim"):
+        one.layer(0)
+    assert lazy_cache(S, H, HV, K, V).k.dtype == bf  # the default ring dtype
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(slots=0), ValueError, "slots: expected a positive int"),
+    (dict(H=True), ValueError, "H: expected a positive int"),
+    (dict(HV=3), ValueError, "HV: expected a multiple of H=2"),
+    (dict(K=96), ValueError, "K: expected one of (64, 128, 256)"),
+    (dict(V=32), ValueError, "V: expected one of (64, 128, 256)"),
+    (dict(dtype=torch.float64), TypeError, "dtype: expected torch.float32, torch.bfloat16 or torch.float16"),
+    (dict(layers=0), ValueError, "layers: expected None or a positive int"),
+])
+def test_lazy_cache_errors(kw, exc, msg):
+    a = dict(slots=S, H=H, HV=HV, K=K, V=V)
+    a.update(kw)
+    with pytest.raises(exc) as e:
+        lazy_cache(**a)
+    assert msg in str(e.value) and "\n" not in str(e.value)
+
+
+def test_step_call():
+    out, call = step(state_indices=torch.zeros(B, dtype=torch.int64), null_block_id=0)
+    p, a = call.params, call.args
+    assert out.shape == (B, T, HV, V) and out.dtype == bf
+    assert (p["mode"], p["cursor"], p["pending"], p["T"], p["idx_dtype"], p["zero_pad"]) == ("step", "slot", False,
+                                                                                              T, "int64", True)
+    assert (p["state_dtype"], p["ring_dtype"], p["in_dtype"], p["out_dtype"], p["K"], p["V"]) == ("fp32", "fp32",
+                                                                                                  "bf16", "bf16", K, V)
+    assert a["null_block"] == 0 and a["pool_size"] == S and a["acc"] == 0 and a["cursor"] != 0
+    assert (a["B"], a["H"], a["HV"], a["scale"]) == (B, H, HV, K ** -0.5)
+    # null_block_id is an argument, not a param: one variant for all
+    assert step(null_block_id=5)[1].params == step()[1].params
+    # speculative: pending rows and an accepted-count pointer
+    _, call = step(num_accepted=torch.zeros(B, dtype=i32))
+    assert call.params["pending"] is True and call.args["acc"] != 0
+    # a caller's output: padding rows left as they were; its dtype is a param
+    _, call = step(output=torch.zeros(B, T, HV, V))
+    assert call.params["zero_pad"] is False and call.params["out_dtype"] == "fp32"
+    # dtypes of every tensor are params
+    _, call = step(q=torch.zeros(B, T, H, K, dtype=torch.float16), k=torch.zeros(B, T, H, K, dtype=torch.float16),
+                   v=torch.zeros(B, T, HV, V, dtype=torch.float16), a=torch.zeros(B, T, HV, dtype=torch.float16),
+                   b=torch.zeros(B, T, HV, dtype=torch.float16), A_log=torch.zeros(HV, dtype=bf),
+                   dt_bias=torch.zeros(HV, dtype=torch.float16), state=torch.zeros(S, HV, V, K, dtype=torch.float16),
+                   cache=lazy_cache(S, H, HV, K, V, dtype=bf))
+    p = call.params
+    assert (p["in_dtype"], p["state_dtype"], p["ring_dtype"], p["alog_dtype"], p["dtb_dtype"]) == ("fp16", "fp16",
+                                                                                                    "bf16", "bf16",
+                                                                                                    "fp16")
+
+
+def test_step_strides():
+    """A page-strided pool and rings (slot pitch past one slot's block), strided q / k / v / a / b and a strided
+    output: the strides are kernel arguments."""
+    pages = torch.zeros(S, 3, HV, V, K)
+    ring_pages = [torch.zeros(S, 2, *x.shape[1:], dtype=x.dtype) for x in lazy_cache(S, H, HV, K, V)[:3]]
+    cache = LazyCache(*(x[:, 1] for x in ring_pages), torch.zeros(S, 4, dtype=i32))
+    qkv = torch.zeros(B, T, 2 * H * K + HV * V, dtype=bf)
+    q, k = qkv[..., :H * K].view(B, T, H, K), qkv[..., H * K:2 * H * K].view(B, T, H, K)
+    v = qkv[..., 2 * H * K:].view(B, T, HV, V)
+    ab = torch.zeros(B, T, 2, HV, dtype=bf)
+    out = torch.zeros(B, T, HV, 2 * V)[..., :V]
+    _, call = step(state=pages[:, 1], cache=cache, q=q, k=k, v=v, a=ab[:, :, 0], b=ab[:, :, 1], output=out)
+    a = call.args
+    assert (a["s_slot"], a["s_head"], a["s_row"]) == (3 * HV * V * K, V * K, K)
+    assert (a["kr_slot"], a["ur_slot"], a["gr_slot"]) == (2 * H * 32 * K, 2 * HV * 32 * V, 2 * HV * 32)
+    assert (a["q_sn"], a["q_st"], a["q_sh"]) == (T * qkv.shape[-1], qkv.shape[-1], K)
+    assert (a["v_sn"], a["v_sh"], a["a_sn"], a["a_st"], a["b_st"]) == (T * qkv.shape[-1], V, T * 2 * HV, 2 * HV, 2 * HV)
+    assert (a["o_sn"], a["o_st"], a["o_sh"]) == (T * HV * 2 * V, HV * 2 * V, 2 * V)
+
+
+def test_empty_batch_and_fold_calls():
+    out, call = step(q=torch.zeros(0, T, H, K, dtype=bf), k=torch.zeros(0, T, H, K, dtype=bf),
+                     v=torch.zeros(0, T, HV, V, dtype=bf), a=torch.zeros(0, T, HV, dtype=bf),
+                     b=torch.zeros(0, T, HV, dtype=bf), state_indices=torch.zeros(0, dtype=i32))
+    assert call is None and out.shape == (0, T, HV, V)
+    assert fold(state_indices=torch.zeros(0, dtype=i32)) is None
+    call = fold(num_accepted=torch.zeros(B, dtype=i32), state=torch.zeros(S, HV, V, K, dtype=bf))
+    p, a = call.params, call.args
+    assert (p["mode"], p["T"], p["state_dtype"], p["ring_dtype"], p["K"], p["V"]) == ("fold", 0, "bf16", "bf16", K, V)
+    assert a["acc"] != 0 and a["H"] == H and a["HV"] == HV and a["q"] == 0 and a["pool_size"] == S
+    assert fold().args["acc"] == 0
+    call = fold("reset", state_indices=torch.zeros(B, dtype=torch.int64), null_block_id=3)
+    assert call.params["mode"] == "reset" and call.params["idx_dtype"] == "int64" and call.args["null_block"] == 3
+    assert call.args["state"] == 0 and call.args["k_ring"] == 0 and call.args["pool_size"] == S
+
+
+@pytest.mark.parametrize("kw,exc,msg", [
+    (dict(state=torch.zeros(S, HV, V, 96)), ValueError, "state: K and V (dims 3, 2) must be in"),
+    (dict(state=torch.zeros(S, HV, V, K, dtype=torch.float64)), TypeError, "state: expected dtype float32, bfloat16"),
+    (dict(state=torch.zeros(S, HV, K, V).transpose(2, 3)), ValueError, "state: expected K (dim 3) contiguous"),
+    (dict(state=torch.zeros(S, HV * V * K + 1)[:, :HV * V * K].view(S, HV, V, K)), ValueError,
+     "state: stride of dim 0 must be a multiple of 16 bytes"),
+    (dict(state=torch.zeros(S * HV * V * K + 1)[1:].view(S, HV, V, K)), ValueError,
+     "state: data pointer must be 16-byte aligned"),
+    (dict(state=torch.zeros(S, HV, V, K)[..., None]), ValueError, "state: expected 4 dimensions"),
+    (dict(state=[0]), TypeError, "state: expected a torch.Tensor"),
+    (dict(q=torch.zeros(B, T, H, K)), TypeError, "q: expected dtype bfloat16 or float16"),
+    (dict(q=torch.zeros(B + 1, T, H, K, dtype=bf)), ValueError, "q: expected B=4 rows"),
+    (dict(q=torch.zeros(B, 17, H, K, dtype=bf)), ValueError, "q: the tokens T (dim 1) must be in 1..16"),
+    (dict(q=torch.zeros(B, 0, H, K, dtype=bf)), ValueError, "q: the tokens T (dim 1) must be in 1..16"),
+    (dict(q=torch.zeros(B, T, 3, K, dtype=bf)), ValueError, "q: its heads H=3 (dim 2) must divide"),
+    (dict(q=torch.zeros(B, T, H, 128, dtype=bf)), ValueError, "q: expected K=64"),
+    (dict(q=torch.zeros(B, T, H, 2 * K, dtype=bf)[..., ::2]), ValueError, "q: the last dimension must be contiguous"),
+    (dict(k=torch.zeros(B, T, H, K, dtype=torch.float16)), TypeError, "k: expected dtype bfloat16"),
+    (dict(k=torch.zeros(B, T, H + 2, K, dtype=bf)), ValueError, "k: expected shape"),
+    (dict(v=torch.zeros(B, T, HV, V + 64, dtype=bf)), ValueError, "v: expected shape"),
+    (dict(v=torch.zeros(B, T, HV, 2 * V, dtype=bf)[..., ::2]), ValueError, "v: the last dimension must be contiguous"),
+    (dict(a=torch.zeros(B, T, HV)), TypeError, "a: expected dtype bfloat16"),
+    (dict(a=torch.zeros(B, T, 2 * HV, dtype=bf)[..., ::2]), ValueError, "a: the last dimension must be contiguous"),
+    (dict(b=torch.zeros(B, T + 1, HV, dtype=bf)), ValueError, "b: expected shape"),
+    (dict(A_log=torch.zeros(HV + 1)), ValueError, "A_log: expected shape"),
+    (dict(A_log=torch.zeros(HV, dtype=torch.float64)), TypeError, "A_log: expected dtype float32, bfloat16, float16"),
+    (dict(dt_bias=torch.zeros(HV, dtype=torch.int32)), TypeError, "dt_bias: expected dtype"),
+    (dict(dt_bias=torch.zeros(2 * HV)[::2]), ValueError, "dt_bias: the last dimension must be contiguous"),
+    (dict(state_indices=torch.zeros(B, dtype=torch.int16)), TypeError, "state_indices: expected dtype"),
+    (dict(state_indices=torch.zeros(B, 1, dtype=i32)), ValueError, "state_indices: expected 1 dimensions"),
+    (dict(state_indices=torch.zeros(2 * B, dtype=i32)[::2]), ValueError, "state_indices: expected a contiguous"),
+    (dict(num_accepted=torch.zeros(B, dtype=torch.int64)), TypeError, "num_accepted: expected dtype int32"),
+    (dict(num_accepted=torch.zeros(B + 1, dtype=i32)), ValueError, "num_accepted: expected shape"),
+    (dict(num_accepted=torch.zeros(B, 2, dtype=i32)[:, 0]), ValueError, "num_accepted: expected a contiguous"),
+    (dict(cache=(1, 2)), TypeError, "cache: expected a LazyCache"),
+    (dict(cache=lazy_cache(S + 1, H, HV, K, V)), ValueError, "cache.k: expected shape [slots, H, 32, K]"),
+    (dict(cache=lazy_cache(S, 1, HV, K, V)), ValueError, "cache.k: expected shape [slots, H, 32, K]"),
+    (dict(cache=lazy_cache(S, H, HV, K, 128)), ValueError, "cache.u: expected shape [slots, HV, 32, V]"),
+    (dict(cache=_cache_with(0, torch.zeros(S, H, 16, K))), ValueError, "cache.k: expected shape [slots, H, 32, K]"),
+    (dict(cache=_cache_with(0, torch.zeros(S, H, 32, K, dtype=torch.float64))), TypeError, "cache.k: expected dtype"),
+    (dict(cache=_cache_with(1, torch.zeros(S, HV, 32, V, dtype=bf))), TypeError, "cache.u: expected dtype float32"),
+    (dict(cache=_cache_with(2, torch.zeros(S, HV, 32, dtype=bf))), TypeError, "cache.g: expected dtype float32"),
+    (dict(cache=_cache_with(0, torch.zeros(S, H, K, 32).transpose(2, 3))), ValueError,
+     "cache.k: expected its dims after the slot dim dense"),
+    (dict(cache=_cache_with(3, torch.zeros(S, 4, dtype=torch.int64))), TypeError, "cache.cursor: expected dtype int32"),
+    (dict(cache=_cache_with(3, torch.zeros(S, 3, dtype=i32))), ValueError, "cache.cursor: expected shape"),
+    (dict(cache=_cache_with(3, torch.zeros(S, 8, dtype=i32)[:, ::2])), ValueError,
+     "cache.cursor: expected a contiguous"),
+    (dict(scale=0.0), ValueError, "scale: expected a positive float"),
+    (dict(scale=True), TypeError, "scale: expected a Python float"),
+    (dict(scale=float("nan")), ValueError, "scale: expected a finite float"),
+    (dict(softplus_beta=-1.0), ValueError, "softplus_beta: expected a positive float"),
+    (dict(softplus_threshold="20"), TypeError, "softplus_threshold: expected a Python float"),
+    (dict(use_qk_l2norm=1), TypeError, "use_qk_l2norm: expected a bool"),
+    (dict(null_block_id=-2), ValueError, "null_block_id: expected an int >= -1"),
+    (dict(null_block_id=0.0), TypeError, "null_block_id: expected an int >= -1, got float"),
+    (dict(output=torch.zeros(B, T, HV, V, dtype=i32)), TypeError, "output: expected dtype"),
+    (dict(output=torch.zeros(B, T + 1, HV, V)), ValueError, "output: expected shape"),
+    (dict(output=torch.zeros(B, T, HV, 2 * V)[..., ::2]), ValueError, "output: the last dimension must be contiguous"),
+    (dict(output=torch.zeros(1, T, HV, V).expand(B, T, HV, V)), ValueError, "output:"),
+])
+def test_step_errors(kw, exc, msg):
+    with pytest.raises(exc) as e:
+        step(**kw)
+    assert msg in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("mode,kw,exc,msg", [
+    ("fold", dict(state=torch.zeros(S, HV, V, K, dtype=torch.int32)), TypeError, "state: expected dtype"),
+    ("fold", dict(state=torch.zeros(S, HV, 128, K)), ValueError, "cache.u: expected shape"),
+    ("fold", dict(cache=lazy_cache(S, 3, 3, K, V)), ValueError, "cache.k: its heads H (dim 1) must divide HV=4"),
+    ("fold", dict(cache=lazy_cache(S + 2, H, HV, K, V)), ValueError, "cache.k: expected shape"),
+    ("fold", dict(cache=None), TypeError, "cache: expected a LazyCache"),
+    ("fold", dict(state_indices=torch.zeros(B)), TypeError, "state_indices: expected dtype"),
+    ("fold", dict(num_accepted=torch.zeros(B + 1, dtype=i32)), ValueError, "num_accepted: expected shape"),
+    ("fold", dict(num_accepted=torch.zeros(B, dtype=torch.int16)), TypeError, "num_accepted: expected dtype int32"),
+    ("fold", dict(null_block_id=-3), ValueError, "null_block_id: expected an int >= -1"),
+    ("reset", dict(cache=[1, 2, 3]), TypeError, "cache: expected a LazyCache"),
+    ("reset", dict(cache=_cache_with(3, torch.zeros(S, 4, dtype=torch.int64))), TypeError,
+     "cache.cursor: expected dtype int32"),
+    ("reset", dict(cache=_cache_with(3, torch.zeros(S, dtype=i32))), ValueError, "cache.cursor: expected 2 dimensions"),
+    ("reset", dict(state_indices=torch.zeros(B, dtype=torch.uint8)), TypeError, "state_indices: expected dtype"),
+    ("reset", dict(null_block_id=None), TypeError, "null_block_id: expected an int >= -1"),
+])
+def test_fold_and_reset_errors(mode, kw, exc, msg):
+    with pytest.raises(exc) as e:
+        fold(mode, **kw)
+    assert msg in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_cuda_required():
+    d = _args()
+    with pytest.raises(ValueError, match="state: expected a CUDA tensor"):
+        gdnjit.gated_delta_rule_lazy_step(*list(d.values())[:10])
+    with pytest.raises(ValueError, match="state: expected a CUDA tensor"):
+        gdnjit.gated_delta_rule_lazy_fold(d["state"], d["state_indices"], d["cache"])
+    with pytest.raises(ValueError, match="cache.cursor: expected a CUDA tensor"):
+        gdnjit.gated_delta_rule_lazy_reset(d["state_indices"], d["cache"])
+
+
+# ---- the gdn_lazy spec's variants compile clean --------------------------------------------------------------
+
+SPEC = get_spec("gdn_lazy")
+ARCH = "sm_90"
+# the rules' tiles 32, 64, 128 (V >= 128); only the facts the spec names
+FACTS = [{f: v for f, v in dict(B=B_, H=8, HV=32, num_sms=132).items() if f in SPEC.facts} for B_ in (1, 8, 512)]
+DTYPES = ("in_dtype", "out_dtype", "state_dtype", "ring_dtype", "alog_dtype", "dtb_dtype", "idx_dtype")
+
+
+def _dealt(n: int, columns: dict, seed: int) -> list[dict]:
+    """n dicts, each column's values dealt round-robin over them in a fixed shuffled order."""
+    rng = random.Random(seed)
+    cols = {}
+    for name, vals in columns.items():
+        col = [vals[i % len(vals)] for i in range(n)]
+        rng.shuffle(col)
+        cols[name] = col
+    return [{name: cols[name][i] for name in columns} for i in range(n)]
+
+
+def covering_params() -> list[dict]:
+    """The param sets the op modules build (gdnjit/lazy.py, gdnjit/ucache.py), each value of each param at least
+    once: 24 of gdnjit's own steps (T 1..16), 8 of FlashInfer's u-cache steps (flush over a 32-row ring, verify-only
+    over the flat 16-row ring), 6 folds and 2 resets."""
+    base = dict(SPEC.param_defaults)
+    everything = {n: SPEC.allowed(n) for n in ("K", "V", "l2norm", "zero_pad") + DTYPES}
+    out = []
+    for i, p in enumerate(_dealt(24, dict(everything, T=list(range(1, 17)), pending=[False, True]), 20261129)):
+        out.append(dict(base, mode="step", cursor="slot", fold="auto", ring=32, **p))
+    for p in _dealt(8, dict(everything, T=[1, 4, 8, 16, 3, 12, 7, 13], fold=["auto", "never"]), 7):
+        out.append(dict(base, mode="step", cursor="row", pending=False, ring=32 if p["fold"] == "auto" else 16, **p))
+    for p in _dealt(6, {n: SPEC.allowed(n) for n in ("K", "V", "state_dtype", "ring_dtype", "idx_dtype")}, 3):
+        out.append(dict(base, mode="fold", T=0, **p))
+    for idx in ("int32", "int64"):
+        out.append(dict(base, mode="reset", T=0, K=128, V=128, state_dtype="fp32", ring_dtype="bf16", idx_dtype=idx))
+    return [{n: p[n] for n in SPEC.param_names} for p in out]
+
+
+def covering_variants() -> list[Variant]:
+    out = {}
+    for i, p in enumerate(covering_params()):
+        t, _ = dispatch.select(SPEC, p, FACTS[i % len(FACTS)])
+        v = Variant.make(SPEC, p, t, ARCH)
+        out[v.key] = v
+    return list(out.values())
+
+
+def heavy_variants() -> list[Variant]:
+    """Every valid tunable choice of the heaviest problems: T = 16, K = V = 256, fp32 everything (the largest staged
+    tile and tables, the most registers), both cursors, pending or not."""
+    base = dict(SPEC.param_defaults, mode="step", T=16, K=256, V=256, in_dtype="fp16", out_dtype="fp32",
+                state_dtype="fp32", ring_dtype="fp32", alog_dtype="fp32", dtb_dtype="fp32", idx_dtype="int64",
+                l2norm=True, zero_pad=True)
+    out = []
+    for extra in (dict(cursor="slot", pending=False), dict(cursor="slot", pending=True),
+                  dict(cursor="row", pending=False, fold="auto", ring=32),
+                  dict(cursor="row", pending=False, fold="never", ring=16)):
+        p = {n: dict(base, **extra)[n] for n in SPEC.param_names}
+        out += [Variant.make(SPEC, p, t, ARCH) for t in SPEC.all_tunable_choices() if SPEC.valid(p, t)]
+    return out
+
+
+def test_covering_set_covers_every_value():
+    params = covering_params()
+    for name, vals in SPEC.params:
+        assert {p[name] for p in params} == set(vals), name
+    tiles = {dict(v.tunables)["tile_v"] for v in covering_variants()}
+    assert tiles == {32, 64, 128}, tiles
+
+
+def test_covering_params_are_what_the_modules_build():
+    """The covering set's forms are the param sets gdnjit.lazy builds: a reset's one set is in it, a fold's differs
+    from the defaults only in its dims and dtypes, a step's fixes the slot cursor's mode params."""
+    cover = covering_params()
+    assert fold("reset").params in cover
+    fixed = dict(SPEC.param_defaults, mode="fold", T=0)
+    p = fold(state=torch.zeros(S, HV, V, K, dtype=torch.float16)).params
+    assert {n: p[n] for n in fixed} == fixed and p["state_dtype"] == "fp16"
+    for kw in ({}, dict(num_accepted=torch.zeros(B, dtype=i32))):
+        p = step(**kw)[1].params
+        assert (p["mode"], p["cursor"], p["fold"], p["ring"]) == ("step", "slot", "auto", 32)
+        assert any(all(c[n] == p[n] for n in ("mode", "cursor", "fold", "ring", "pending")) for c in cover)
+
+
+def _compile_clean(todo: list[Variant]) -> None:
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        metas = list(pool.map(lambda v: v.build().meta, todo))
+    bad = [f"{v.describe()}: {m}" for v, m in zip(todo, metas)
+           if m["spill_bytes"] or m["stack_bytes"] or m["warnings"] or m["registers"] <= 0]
+    assert not bad, "\n".join(bad)
+
+
+def test_covering_variants_compile_clean():
+    todo = covering_variants()
+    assert 36 <= len(todo) <= 48, len(todo)
+    _compile_clean(todo)
+
+
+@pytest.mark.full  # 16 more variants at the largest sizes (~15 s)
+def test_every_tunable_of_the_heaviest_problems_compiles_clean():
+    todo = heavy_variants()
+    assert len(todo) >= 14, len(todo)
+    _compile_clean(todo)
