@@ -1,0 +1,70 @@
+"""One case of every lazy-state kernel (issue 56), for compute-sanitizer:
+
+    compute-sanitizer --tool memcheck  python3 tools/sanitize_lazy.py
+    compute-sanitizer --tool racecheck python3 tools/sanitize_lazy.py
+
+gdnjit's own cursor: a plain step (T = 1) and speculative steps (T = 3, random accepted counts) over a pool with gaps
+and a padding row, enough steps that every slot folds in a step, then a fold and a reset; FlashInfer's cursor: the
+verify+flush call (some rows fold) and the verify-only call. bf16 and fp32 states, small shapes (the sanitizer is
+slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
+when every call returned.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import gdnjit
+
+DEV = "cuda"
+H, HV, K, V, B, S = 2, 4, 64, 64, 5, 9
+
+
+def main() -> int:
+    g = torch.Generator(device=DEV).manual_seed(3)
+    r = lambda *s: torch.randn(*s, device=DEV, generator=g)  # noqa: E731
+    idx = torch.tensor([6, -1, 2, 8, 4], dtype=torch.int32, device=DEV)
+    A_log, dtb = torch.rand(HV, device=DEV, generator=g), torch.randn(HV, device=DEV, generator=g)
+    for sdt in (torch.bfloat16, torch.float32):
+        pool = (r(S, HV, V, K) * 0.1).to(sdt)
+        cache = gdnjit.lazy_cache(S, H, HV, K, V, dtype=sdt, device=DEV)
+        for T, spec, steps in ((1, False, 18), (3, True, 8)):
+            acc = torch.zeros(B, dtype=torch.int32, device=DEV) if spec else None
+            for _ in range(steps):
+                x = [r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V), r(B, T, HV), r(B, T, HV)]
+                q, k, v, a, b = (t.to(torch.bfloat16) for t in x)
+                gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
+                if spec:
+                    acc = torch.randint(0, T + 1, (B,), device=DEV, generator=g, dtype=torch.int32)
+            gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
+            gdnjit.gated_delta_rule_lazy_reset(idx, cache)
+        torch.cuda.synchronize()
+        print(f"lazy step / fold / reset, {sdt}: ran")
+    # FlashInfer's calls: rows 0 and 2 fold (hist_len >= flush_min = 13 at T = 4), bases that wrap the ring
+    T = 4
+    q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
+    v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
+    pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
+    for rows, flush in ((32, True), (16, False)):
+        kc = (r(S, H, rows, 128) * 0.05).bfloat16()
+        uc = (r(S, HV, rows, 128) * 0.05).bfloat16()
+        gc = -torch.rand(S, HV, rows, device=DEV, generator=g).cumsum(-1)
+        if flush:
+            hist = torch.tensor([13, 12, 16, 0, 5], dtype=torch.int32, device=DEV)
+            base = torch.tensor([28, 5, 30, 0, 17], dtype=torch.int32, device=DEV)
+            gdnjit.gated_delta_rule_mtp_ucache_flush(A_log, a, dtb, q=q, k=k, v=v, b=b, initial_state_source=pool,
+                                                     initial_state_indices=idx, k_cache=kc, u_cache=uc, g_cache=gc,
+                                                     hist_len=hist, cache_base=base)
+        else:
+            hist = torch.tensor([0, 5, 12, 12, 3], dtype=torch.int32, device=DEV)
+            gdnjit.gated_delta_rule_mtp_ucache(A_log, a, dtb, q=q, k=k, v=v, b=b, initial_state_source=pool,
+                                               initial_state_indices=idx, k_cache=kc, u_cache=uc, g_cache=gc,
+                                               hist_len=hist)
+        torch.cuda.synchronize()
+        print(f"FlashInfer u-cache {'verify+flush' if flush else 'verify only'}: ran")
+    print("OK")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
