@@ -25,7 +25,8 @@ eager calls); every few steps a request finishes and another joins on a free slo
 rows of the ``--batch`` rows (the rest padding). Ground truth: float64 sequential decoding of each request's accepted
 token stream from its prefill checkpoint (``gdnjit.reference.lazy.sequential_decode``). Checked: every output (all
 T drafts of a speculative step), padding rows' outputs not written (left as they were, or zeros), each finished
-request's folded state, every live state at the end, and pool slots no live request owns unchanged. Tolerances (relative to the largest reference value): outputs 2e-2 (bf16 outputs); states
+request's folded state, every live state at the end, and pool slots no live request owns unchanged. Tolerances
+(relative to the largest reference value): outputs 2e-2 (bf16 outputs); states
 2e-3 for an fp32 state, 2e-2 for a bf16 one (rounded once per fold). Prints the worst errors and OK (exit status 1
 otherwise). Without a CUDA GPU it says so and exits 0; ``--help`` works anywhere.
 

@@ -67,3 +67,30 @@ def check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device,
     _v.index_tensor(name, idx, B, device)
     if like is not None and idx.dtype != like.dtype:
         raise DtypeError(f"{name}: expected the same dtype as initial_state_indices ({like.dtype}), got {idx.dtype}")
+
+
+def check_tokens(q, k, v, a, b, B: int, HV: int, K: int, V: int, device: torch.device, what: str = "tokens") -> tuple:
+    """A step's token inputs: q, k ``[B, T, H, K]``, v ``[B, T, HV, V]``, a, b ``[B, T, HV]``, all of q's dtype (bf16 /
+    fp16) on ``device``, T (``what`` in messages) in 1..MAX_T, H dividing HV; returns (T, H). Strides are the caller's
+    to check."""
+    _v.tensor("q", q, 4)
+    if q.dtype not in IN_DTYPES:
+        raise DtypeError(f"q: expected dtype bfloat16 or float16, got {str(q.dtype).replace('torch.', '')}")
+    _v.same_device("q", q, device)
+    B_q, T, H, Kq = q.shape
+    if B_q != B:
+        raise ValueError(f"q: expected B={B} rows (state_indices' length), got shape {tuple(q.shape)}")
+    if Kq != K:
+        raise ValueError(f"q: expected K={K} (the state's last dim), got shape {tuple(q.shape)}")
+    if not 1 <= T <= MAX_T:
+        raise ValueError(f"q: the {what} T (dim 1) must be in 1..{MAX_T}, got {T}")
+    if H < 1 or HV % H:
+        raise ValueError(f"q: its heads H={H} (dim 2) must divide the state's value heads HV={HV}")
+    for name, x, shape, dims in (("k", k, (B, T, H, K), "[B, T, heads, dim]"),
+                                 ("v", v, (B, T, HV, V), "[B, T, heads, dim]"),
+                                 ("a", a, (B, T, HV), "[B, T, HV]"), ("b", b, (B, T, HV), "[B, T, HV]")):
+        _v.tensor(name, x, len(shape))
+        _v.dtype_in(name, x, (q.dtype,))
+        _v.same_device(name, x, device)
+        _v.shape_is(name, x, shape, dims)
+    return T, H

@@ -42,7 +42,7 @@ import torch
 from . import validate as _v
 from .call_mode import CallMode
 from .errors import DtypeError
-from .gdn_core import IN_DTYPES, MAX_T, OUT_DTYPES, SUPPORTED_DIMS, launch_device, uses_pdl
+from .gdn_core import OUT_DTYPES, SUPPORTED_DIMS, check_tokens, launch_device, uses_pdl
 from .gdn_core import signature as _sig
 from .config import get_config
 from .runner import RUNNER, launch_on, remember
@@ -272,32 +272,9 @@ def check_cache(cache, slots: int, H: Optional[int], HV: int, K: int, V: int, de
 
 
 def check_inputs(q, k, v, a, b, A_log, dt_bias, B: int, HV: int, K: int, V: int, device) -> tuple:
-    """The token inputs of a step; returns (T, H)."""
-    _v.tensor("q", q, 4)
-    if q.dtype not in IN_DTYPES:
-        raise DtypeError(f"q: expected dtype bfloat16 or float16, got {str(q.dtype).replace('torch.', '')}")
-    _v.same_device("q", q, device)
-    B_q, T, H, Kq = q.shape
-    if B_q != B:
-        raise ValueError(f"q: expected B={B} rows (state_indices' length), got shape {tuple(q.shape)}")
-    if Kq != K:
-        raise ValueError(f"q: expected K={K} (the state's last dim), got shape {tuple(q.shape)}")
-    if not 1 <= T <= MAX_T:
-        raise ValueError(f"q: the tokens T (dim 1) must be in 1..{MAX_T}, got {T}")
-    if H < 1 or HV % H:
-        raise ValueError(f"q: its heads H={H} (dim 2) must divide the state's value heads HV={HV}")
-    for name, x, shape in (("k", k, (B, T, H, K)), ("v", v, (B, T, HV, V))):
-        _v.tensor(name, x, 4)
-        _v.dtype_in(name, x, (q.dtype,))
-        _v.same_device(name, x, device)
-        _v.shape_is(name, x, shape, "[B, T, heads, dim]")
-        _v.inner_contiguous(name, x)
-    _v.inner_contiguous("q", q)
-    for name, x in (("a", a), ("b", b)):
-        _v.tensor(name, x, 3)
-        _v.dtype_in(name, x, (q.dtype,))
-        _v.same_device(name, x, device)
-        _v.shape_is(name, x, (B, T, HV), "[B, T, HV]")
+    """The token inputs of a step (feature and head dims contiguous) and the gate parameters; returns (T, H)."""
+    T, H = check_tokens(q, k, v, a, b, B, HV, K, V, device)
+    for name, x in (("q", q), ("k", k), ("v", v), ("a", a), ("b", b)):
         _v.inner_contiguous(name, x)
     for name, x in (("A_log", A_log), ("dt_bias", dt_bias)):
         _v.tensor(name, x, 1)

@@ -40,7 +40,8 @@ import torch
 from . import validate as _v
 from .call_mode import CallMode
 from .errors import DtypeError
-from .gdn_core import IN_DTYPES, MAX_T, OUT_DTYPES, SPEC, STATE_DTYPES, SUPPORTED_DIMS, launch_device, uses_pdl
+from .gdn_core import (IN_DTYPES, MAX_T, OUT_DTYPES, SPEC, STATE_DTYPES, SUPPORTED_DIMS, check_tokens, launch_device,
+                       uses_pdl)
 from .gdn_core import signature as _sig
 from .runner import RUNNER, launch_on, remember
 
@@ -257,31 +258,9 @@ def prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, c
         strides = {}  # no token inputs: their strides keep the spec's defaults (0)
         scale, zero_padding = 1.0, False
     else:
-        _v.tensor("q", q, 4)
-        if q.dtype not in IN_DTYPES:
-            raise DtypeError(f"q: expected dtype bfloat16 or float16, got {str(q.dtype).replace('torch.', '')}")
-        _v.same_device("q", q, device)
-        B_q, T, H, Kq = q.shape
-        if B_q != B:
-            raise ValueError(f"q: expected B={B} rows (state_indices' length), got shape {tuple(q.shape)}")
-        if Kq != K:
-            raise ValueError(f"q: expected K={K} (the state's last dim), got shape {tuple(q.shape)}")
-        if not 1 <= T <= MAX_T:
-            raise ValueError(f"q: the draft tokens T (dim 1) must be in 1..{MAX_T}, got {T}")
-        if H < 1 or HV % H:
-            raise ValueError(f"q: its heads H={H} (dim 2) must divide the state's value heads HV={HV}")
-        for name, x, shape in (("k", k, (B, T, H, K)), ("v", v, (B, T, HV, V))):
-            _v.tensor(name, x, 4)
-            _v.dtype_in(name, x, (q.dtype,))
-            _v.same_device(name, x, device)
-            _v.shape_is(name, x, shape, "[B, T, heads, dim]")
+        T, H = check_tokens(q, k, v, a, b, B, HV, K, V, device, "draft tokens")
         _v.value_heads(q, k, v, SUPPORTED_DIMS)
         _v.gate_params(A_log, dt_bias, HV, device)
-        for name, x in (("a", a), ("b", b)):
-            _v.tensor(name, x, 3)
-            _v.dtype_in(name, x, (q.dtype,))
-            _v.same_device(name, x, device)
-            _v.shape_is(name, x, (B, T, HV), "[B, T, HV]")
         scale = K ** -0.5 if scale is None else _v.real_number("scale", scale)
         if scale <= 0:
             raise ValueError(f"scale: expected a positive float, got {scale!r}")

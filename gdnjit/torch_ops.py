@@ -623,10 +623,11 @@ def _cuda_only(name: str, x: torch.Tensor) -> None:
 def _lazy_step_op(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache_k, cache_u, cache_g, cache_cursor,
                   num_accepted, scale, use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id, output) -> None:
     _cuda_only("lazy_step", state)
-    _lazy.gated_delta_rule_lazy_step(q, k, v, A_log, a, dt_bias, b, state, state_indices,
-                                     _lazy.LazyCache(cache_k, cache_u, cache_g, cache_cursor), num_accepted=num_accepted,
-                                     scale=scale, use_qk_l2norm=use_qk_l2norm, softplus_beta=softplus_beta,
-                                     softplus_threshold=softplus_threshold, null_block_id=null_block_id, output=output)
+    cache = _lazy.LazyCache(cache_k, cache_u, cache_g, cache_cursor)
+    _lazy.gated_delta_rule_lazy_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache,
+                                     num_accepted=num_accepted, scale=scale, use_qk_l2norm=use_qk_l2norm,
+                                     softplus_beta=softplus_beta, softplus_threshold=softplus_threshold,
+                                     null_block_id=null_block_id, output=output)
 
 
 @_lazy_step_op.register_fake

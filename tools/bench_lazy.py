@@ -24,7 +24,8 @@ from the variant the dispatcher picks; T = 1: every `window` steps, the first fo
 and its time is divided by the steps: the amortised cost per step, exactly (folds are periodic from the first one on,
 which comes at the latest at the first timed replay's first step, so every timed replay does the same work).
 Random accepted counts: 48 steps a set, per-step tensors of uniform 1..T per request (the same sequence for fused,
-lazy and fi; the fold count per replay then varies a little). FlashInfer's cursors are the caller's: its graph replays a trajectory of hist_len / cache_base
+lazy and fi; the fold count per replay then varies a little). FlashInfer's cursors are the caller's: its graph replays
+a trajectory of hist_len / cache_base
 (restart_hist_on_flush=False) simulated with the same accepted counts and FlashInfer's commit rule (fold at hist_len
 >= flush_min = 16 - T + 1, then base += P, hist_len = accepted; else hist_len += accepted), starting in steady state.
 Its stationary points (hist_len 0: a verify without ring, hist_len = flush_min: every row folds) are in the JSON too.
