@@ -28,6 +28,10 @@ cost it about 1e-3 relative), and a 16-bit state fp32 rings where its drift matt
 
 Each slot may appear once per call (the kernel counts its CTAs per slot); ``GDNJIT_CHECK_INDICES=1`` checks it.
 
+Launches: a plain step (T = 1) and a fold run the spec's rows form, a prep launch and then the state launch, sharing
+a scratch buffer allocated per call (:func:`scratch_bytes`); speculative steps the tile form, one launch (docs/design.md
+section 11; :func:`launches` asks the dispatcher).
+
 All calls are graph capturable (no host reads of device values); a slot past the pool stops the kernel (trap).
 This module validates and builds the named calls of the ``gdn_lazy`` spec; :mod:`gdnjit.runner` does the rest.
 Reference: :mod:`gdnjit.reference.lazy`. FlashInfer's u-cache calls over the same kernel: :mod:`gdnjit.ucache`.
@@ -35,6 +39,7 @@ Reference: :mod:`gdnjit.reference.lazy`. FlashInfer's u-cache calls over the sam
 
 from __future__ import annotations
 
+import dataclasses
 from typing import NamedTuple, Optional
 
 import torch
@@ -45,7 +50,7 @@ from .errors import DtypeError
 from .gdn_core import OUT_DTYPES, SUPPORTED_DIMS, check_tokens, launch_device, uses_pdl
 from .gdn_core import signature as _sig
 from .config import get_config
-from .runner import RUNNER, launch_on, remember
+from .runner import RUNNER, KernelCall, launch_on, remember
 from .spec import get_spec
 
 SPEC = get_spec("gdn_lazy")
@@ -55,10 +60,10 @@ RING_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 GATE_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 STEP = CallMode(SPEC, "lazy step", ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "idx", "out", "k_ring",
-                                    "u_ring", "g_ring", "cursor", "acc"))
-FOLD = CallMode(SPEC, "lazy fold", ("state", "idx", "k_ring", "u_ring", "g_ring", "cursor", "acc"))
+                                    "u_ring", "g_ring", "cursor", "acc", "scratch"))
+FOLD = CallMode(SPEC, "lazy fold", ("state", "idx", "k_ring", "u_ring", "g_ring", "cursor", "acc", "scratch"))
 RESET = CallMode(SPEC, "lazy reset", ("idx", "cursor"))
-_memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunch, output shape, device)
+_memo: dict = RUNNER.memo()  # metadata signature -> (BoundLaunches, output shape, device, scratch bytes)
 _MEMO_MAX = 1024
 
 
@@ -162,16 +167,18 @@ def gated_delta_rule_lazy_step(
                                     use_qk_l2norm, softplus_beta, softplus_threshold, null_block_id, output)
         if call is None:
             return output
-        bound, dev = RUNNER.bind(call), call.device
-        remember(_memo, sig, (bound, tuple(output.shape), dev), config, _MEMO_MAX)
+        hit = bind(call)
+        remember(_memo, sig, (hit[0], tuple(output.shape), hit[1], hit[2]), config, _MEMO_MAX)
+        bounds, dev, nbytes = hit
     else:
-        bound, out_shape, dev = hit
+        bounds, out_shape, dev, nbytes = hit
         if output is None:
             output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
-    launch_on(dev, bound, STEP.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(),
-                                    A_log.data_ptr(), dt_bias.data_ptr(), state.data_ptr(), state_indices.data_ptr(),
-                                    output.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(), cache[2].data_ptr(),
-                                    cache[3].data_ptr(), 0 if num_accepted is None else num_accepted.data_ptr()))
+    scratch = scratch_for(nbytes, state.device)
+    run(dev, bounds, STEP.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(), A_log.data_ptr(),
+                               dt_bias.data_ptr(), state.data_ptr(), state_indices.data_ptr(), output.data_ptr(),
+                               cache[0].data_ptr(), cache[1].data_ptr(), cache[2].data_ptr(), cache[3].data_ptr(),
+                               0 if num_accepted is None else num_accepted.data_ptr(), address(scratch)))
     return output
 
 
@@ -193,13 +200,13 @@ def gated_delta_rule_lazy_fold(state: torch.Tensor, state_indices: torch.Tensor,
         call = prepare_fold(state, state_indices, cache, num_accepted, null_block_id, "fold")
         if call is None:
             return
-        bound, dev = RUNNER.bind(call), call.device
-        remember(_memo, sig, (bound, None, dev), config, _MEMO_MAX)
-    else:
-        bound, _, dev = hit
-    launch_on(dev, bound, FOLD.pack(state.data_ptr(), state_indices.data_ptr(), cache[0].data_ptr(),
-                                    cache[1].data_ptr(), cache[2].data_ptr(), cache[3].data_ptr(),
-                                    0 if num_accepted is None else num_accepted.data_ptr()))
+        hit = bind(call)
+        remember(_memo, sig, hit, config, _MEMO_MAX)
+    bounds, dev, nbytes = hit
+    scratch = scratch_for(nbytes, state.device)
+    run(dev, bounds, FOLD.pack(state.data_ptr(), state_indices.data_ptr(), cache[0].data_ptr(), cache[1].data_ptr(),
+                               cache[2].data_ptr(), cache[3].data_ptr(),
+                               0 if num_accepted is None else num_accepted.data_ptr(), address(scratch)))
 
 
 def gated_delta_rule_lazy_reset(state_indices: torch.Tensor, cache: LazyCache, *, null_block_id: int = -1) -> None:
@@ -215,11 +222,51 @@ def gated_delta_rule_lazy_reset(state_indices: torch.Tensor, cache: LazyCache, *
         call = prepare_fold(None, state_indices, cache, None, null_block_id, "reset")
         if call is None:
             return
-        bound, dev = RUNNER.bind(call), call.device
-        remember(_memo, sig, (bound, None, dev), config, _MEMO_MAX)
-    else:
-        bound, _, dev = hit
-    launch_on(dev, bound, RESET.pack(state_indices.data_ptr(), cache[3].data_ptr()))
+        hit = bind(call)
+        remember(_memo, sig, hit, config, _MEMO_MAX)
+    bounds, dev, _ = hit
+    run(dev, bounds, RESET.pack(state_indices.data_ptr(), cache[3].data_ptr()))
+
+
+def launches(call: KernelCall) -> tuple:
+    """``(calls, scratch bytes)``: the launches of a named step or fold call in order, by the form the dispatcher
+    picks for it: the call alone (tile form, a reset), or the prep launch and then the call (rows form), which
+    share a scratch buffer of that many bytes (the spec's description)."""
+    if call.params["mode"] == "reset" or dict(RUNNER.variant(call).tunables)["form"] != "rows":
+        return (call,), 0
+    p, f = call.params, call.facts
+    prep = dataclasses.replace(call, params=dict(p, mode="prep"))
+    return (prep, call), scratch_bytes(f["B"], f["H"], f["HV"], p["K"], p["T"])
+
+
+def scratch_bytes(B: int, H: int, HV: int, K: int, T: int) -> int:
+    """The rows form's scratch: [B] int4 window records, [B, H, 2T, K] fp32 keys, [B, HV, tab_words] fp32 tables
+    (gdn_lazy_rows.cu.j2's layout; tab_words as the spec's derived value)."""
+    tab_words = (2 * T * (16 + T) + 2 * T + 17 + 3) // 4 * 4
+    return B * 16 + B * H * 2 * T * K * 4 + B * HV * tab_words * 4
+
+
+def bind(call: KernelCall) -> tuple:
+    """``(bound launches, device, scratch bytes)`` of a named call (:func:`launches`)."""
+    calls, nbytes = launches(call)
+    return tuple(RUNNER.bind(c) for c in calls), call.device, nbytes
+
+
+def scratch_for(nbytes: int, device) -> Optional[torch.Tensor]:
+    """A fresh scratch buffer for a call's launches (None: no bytes). Held until they are queued; torch's caching
+    allocator then hands the block only to later work of the stream (or of a captured graph)."""
+    return torch.empty(nbytes, dtype=torch.uint8, device=device) if nbytes else None
+
+
+def address(x: Optional[torch.Tensor]) -> int:
+    """A tensor's address, 0 for None."""
+    return 0 if x is None else x.data_ptr()
+
+
+def run(dev: int, bounds: tuple, pointers: tuple) -> None:
+    """Launch a call's bound launches in order with its per-call pointers."""
+    for bound in bounds:
+        launch_on(dev, bound, pointers)
 
 
 def check_state(state, require_cuda: bool = True) -> tuple:
@@ -407,25 +454,7 @@ def prepare_fold(state, state_indices, cache, num_accepted, null_block_id, mode:
 
 
 def example_call(params: dict, facts: dict, device):
-    """Random inputs for one problem of the spec (``gdnjit tune``): the named call and its tensors."""
-    dt = {v: k for k, v in _v.FLOAT_NAMES.items()}
-    B, HV, K, V, T = facts["B"], facts["HV"], params["K"], params["V"], params["T"]
-    if params["mode"] != "step" or params["cursor"] != "slot":
-        raise ValueError("gdn_lazy example: only gdnjit's own steps are tuned (mode step, cursor slot)")
-    H = max(1, HV // 4)
-    in_dt = dt[params["in_dtype"]]
-    state = (torch.randn(B + 1, HV, V, K, device=device) * 0.05).to(dt[params["state_dtype"]])
-    cache = lazy_cache(B + 1, H, HV, K, V, dtype=dt[params["ring_dtype"]], device=device)
-    q, k = (torch.randn(B, T, H, K, device=device).to(in_dt) for _ in range(2))
-    v = torch.randn(B, T, HV, V, device=device).to(in_dt)
-    a, b = (torch.randn(B, T, HV, device=device).to(in_dt) for _ in range(2))
-    A_log = torch.rand(HV, device=device).to(dt[params["alog_dtype"]])
-    dt_bias = torch.randn(HV, device=device).to(dt[params["dtb_dtype"]])
-    idx = torch.randperm(B + 1, device=device)[:B].to(getattr(torch, params["idx_dtype"]))
-    acc = torch.zeros(B, dtype=torch.int32, device=device) if params["pending"] else None
-    out = None if params["zero_pad"] else torch.empty(B, T, HV, V, dtype=dt[params["out_dtype"]], device=device)
-    output, call = prepare_step(q, k, v, A_log, a, dt_bias, b, state, idx, cache, acc, None, params["l2norm"], 1.0,
-                                20.0, -1, out)
-    if dict(call.params) != dict(params):
-        raise ValueError(f"gdn_lazy example: the inputs give params {call.params}, not {params}")
-    return call, (q, k, v, a, b, A_log, dt_bias, state, idx, cache, acc, output)
+    """``gdnjit tune``'s inputs: none. A rows-form step is two launches (tune times one), and the window's cost shows
+    only over whole fold cycles; compare gdn_lazy tunables with ``tools/bench_lazy.py --force`` instead."""
+    raise ValueError("gdn_lazy: `gdnjit tune` cannot time it (a rows-form step is two launches, and the window's "
+                     "cost shows only over whole fold cycles): compare tunables with tools/bench_lazy.py --force")

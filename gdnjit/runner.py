@@ -129,7 +129,7 @@ class Runner:
 
     def __init__(self) -> None:
         self._launchers: dict[tuple, Launcher] = {}
-        self._resolved: dict[tuple, tuple[Launcher, int]] = {}
+        self._resolved: dict[tuple, tuple[Launcher, int, Variant]] = {}
         self._tuned: dict[int, Any] = {}  # device index -> TunedTable, loaded once per device
         self._memos: list[dict] = []
         self._config: Config | None = None
@@ -199,7 +199,7 @@ class Runner:
         memo = (spec.name, call.param_values(), call.fact_values(), call.device)
         hit = self._resolved.get(memo)
         if hit is not None:
-            return hit
+            return hit[:2]
         info = device_info(call.device)
         pdict = dict(zip(spec.param_names, memo[1]))
         fdict = dict(call.facts, num_sms=info.num_sms)
@@ -211,8 +211,14 @@ class Runner:
         grid = int(_expr.evaluate(dict(spec.launch)["grid"], ctx))
         if len(self._resolved) >= self.RESOLVED_MAX:
             self._resolved.clear()
-        self._resolved[memo] = (launcher, grid)
+        self._resolved[memo] = (launcher, grid, variant)
         return launcher, grid
+
+    def variant(self, call: KernelCall) -> Variant:
+        """The variant :meth:`resolve` picks for a call (an op whose calls take one launch or two by the chosen
+        tunables asks this first)."""
+        self.resolve(call)
+        return self._resolved[(call.spec.name, call.param_values(), call.fact_values(), call.device)][2]
 
     def bind(self, call: KernelCall) -> BoundLaunch:
         """A :class:`~gdnjit.launch.BoundLaunch` of ``call``: every argument packed once by name, the

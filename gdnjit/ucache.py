@@ -31,7 +31,6 @@ from . import validate as _v
 from .call_mode import CallMode
 from .errors import ContractError
 from .gdn_core import OUT_DTYPES, launch_device, uses_pdl
-from .runner import RUNNER
 
 WINDOW = 16        # FlashInfer's window (W_RING): at most 16 committed rows
 RING_SLOTS = 32    # the flush call's ring rows
@@ -39,7 +38,7 @@ FLAT_RING = 16     # the verify-only call's ring rows
 RING_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 STEP = CallMode(_lazy.SPEC, "FlashInfer u-cache", ("q", "k", "v", "a", "b", "A_log", "dt_bias", "state", "idx", "out",
-                                                   "k_ring", "u_ring", "g_ring", "hist", "base"))
+                                                   "k_ring", "u_ring", "g_ring", "hist", "base", "scratch"))
 
 
 def _unsupported(name: str, output_state_indices, intermediate_states_buffer, accepted_steps, ssm_state_indices,
@@ -120,7 +119,13 @@ def _run(name: str, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, 
                 **_lazy.pool_args(state, k_cache, u_cache, g_cache), scale=scale, softplus_beta=beta,
                 softplus_threshold=threshold, flush_min=flush_min if fold else 0, B=B, H=H, HV=HV)
     dev = launch_device(device, True)
-    RUNNER.launch(STEP.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev)))
+    bounds, dev, nbytes = _lazy.bind(STEP.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev)))
+    scratch = _lazy.scratch_for(nbytes, device)
+    _lazy.run(dev, bounds, STEP.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(),
+                                     A_log.data_ptr(), dt_bias.data_ptr(), state.data_ptr(),
+                                     initial_state_indices.data_ptr(), output.data_ptr(), k_cache.data_ptr(),
+                                     u_cache.data_ptr(), g_cache.data_ptr(), hist.data_ptr(), _lazy.address(base),
+                                     _lazy.address(scratch)))
     return output, flush_min
 
 

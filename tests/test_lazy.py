@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import gdnjit
-from gdnjit import dispatch
+from gdnjit import dispatch, lazy
 from gdnjit.lazy import LazyCache, lazy_cache, prepare_fold, prepare_step
 from gdnjit.spec import get_spec
 from gdnjit.variant import Variant
@@ -272,7 +272,7 @@ def _dealt(n: int, columns: dict, seed: int) -> list[dict]:
 def covering_params() -> list[dict]:
     """The param sets the op modules build (gdnjit/lazy.py, gdnjit/ucache.py), each value of each param at least
     once: 24 of gdnjit's own steps (T 1..16), 8 of FlashInfer's u-cache steps (flush over a 32-row ring, verify-only
-    over the flat 16-row ring), 6 folds and 2 resets."""
+    over the flat 16-row ring), 6 folds and 2 resets, and the prep launch of each step or fold in the rows form."""
     base = dict(SPEC.param_defaults)
     everything = {n: SPEC.allowed(n) for n in ("K", "V", "l2norm", "zero_pad") + DTYPES}
     out = []
@@ -284,7 +284,11 @@ def covering_params() -> list[dict]:
         out.append(dict(base, mode="fold", T=0, **p))
     for idx in ("int32", "int64"):
         out.append(dict(base, mode="reset", T=0, K=128, V=128, state_dtype="fp32", ring_dtype="bf16", idx_dtype=idx))
-    return [{n: p[n] for n in SPEC.param_names} for p in out]
+    out = [{n: p[n] for n in SPEC.param_names} for p in out]
+    # a step or fold the rules give the rows form launches its prep first
+    preps = [dict(p, mode="prep") for i, p in enumerate(out) if p["mode"] != "reset"
+             and dispatch.select(SPEC, p, FACTS[i % len(FACTS)])[0]["form"] == "rows"]
+    return out + preps
 
 
 def covering_variants() -> list[Variant]:
@@ -298,7 +302,7 @@ def covering_variants() -> list[Variant]:
 
 def heavy_variants() -> list[Variant]:
     """Every valid tunable choice of the heaviest problems: T = 16, K = V = 256, fp32 everything (the largest staged
-    tile and tables, the most registers), both cursors, pending or not."""
+    tile and tables, the most registers), both cursors, pending or not; their prep launches too."""
     base = dict(SPEC.param_defaults, mode="step", T=16, K=256, V=256, in_dtype="fp16", out_dtype="fp32",
                 state_dtype="fp32", ring_dtype="fp32", alog_dtype="fp32", dtb_dtype="fp32", idx_dtype="int64",
                 l2norm=True, zero_pad=True)
@@ -306,8 +310,9 @@ def heavy_variants() -> list[Variant]:
     for extra in (dict(cursor="slot", pending=False), dict(cursor="slot", pending=True),
                   dict(cursor="row", pending=False, fold="auto", ring=32),
                   dict(cursor="row", pending=False, fold="never", ring=16)):
-        p = {n: dict(base, **extra)[n] for n in SPEC.param_names}
-        out += [Variant.make(SPEC, p, t, ARCH) for t in SPEC.all_tunable_choices() if SPEC.valid(p, t)]
+        for mode in ("step", "prep"):
+            p = {n: dict(base, mode=mode, **extra)[n] for n in SPEC.param_names}
+            out += [Variant.make(SPEC, p, t, ARCH) for t in SPEC.all_tunable_choices() if SPEC.valid(p, t)]
     return out
 
 
@@ -315,8 +320,8 @@ def test_covering_set_covers_every_value():
     params = covering_params()
     for name, vals in SPEC.params:
         assert {p[name] for p in params} == set(vals), name
-    tiles = {dict(v.tunables)["tile_v"] for v in covering_variants()}
-    assert tiles == {32, 64, 128}, tiles
+    chosen = {(dict(v.params)["mode"], dict(v.tunables)["form"]) for v in covering_variants()}
+    assert chosen >= {("step", "rows"), ("step", "tile"), ("fold", "rows"), ("prep", "rows"), ("reset", "tile")}, chosen
 
 
 def test_covering_params_are_what_the_modules_build():
@@ -343,7 +348,7 @@ def _compile_clean(todo: list[Variant]) -> None:
 
 def test_covering_variants_compile_clean():
     todo = covering_variants()
-    assert 36 <= len(todo) <= 48, len(todo)
+    assert 48 <= len(todo) <= 72, len(todo)  # 40 param sets and the preps of those in the rows form
     _compile_clean(todo)
 
 
@@ -352,3 +357,17 @@ def test_every_tunable_of_the_heaviest_problems_compiles_clean():
     todo = heavy_variants()
     assert len(todo) >= 14, len(todo)
     _compile_clean(todo)
+
+
+def test_scratch_layout_matches_the_spec():
+    """gdnjit.lazy.scratch_bytes lays out the rows form's scratch as the kernels index it: a 16-byte record a row, the
+    keys [H, 2T, K] fp32 a row, the spec's tab_words fp32 a (row, value head) (16-byte multiples)."""
+    for T in range(0, 5):
+        p = dict(SPEC.param_defaults, mode="prep", T=T, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
+                 idx_dtype="int32")
+        p = {n: p[n] for n in SPEC.param_names}
+        t, _ = dispatch.select(SPEC, p, FACTS[0])
+        words = Variant.make(SPEC, p, t, ARCH).values["tab_words"]
+        assert words % 4 == 0 and words >= 2 * T * (16 + T) + 2 * T + 17
+        for B, H, HV, K in ((1, 1, 1, 64), (7, 2, 8, 256), (512, 16, 64, 128)):
+            assert lazy.scratch_bytes(B, H, HV, K, T) == B * 16 + B * H * 2 * T * K * 4 + B * HV * words * 4

@@ -120,7 +120,7 @@ def test_shipped_problems(fname):
             spec.check_params(full)
             assert {n: full[n] for n in by_arch} == spec.arch_params(arch)
         assert pr.batch_fact == spec.batch_fact and pr.batch_sizes == tuple(call.get("batch_sizes", doc["batch_sizes"]))
-        if pr.spec == "gdn":
+        if pr.spec in ("gdn", "gdn_lazy"):
             assert facts == {"H": dims["H"] // pr.tp, "HV": dims["HV"] // pr.tp}
             assert facts["H"] * pr.tp == dims["H"] and facts["HV"] * pr.tp == dims["HV"]
             assert params["K"] == dims["K"] and params["V"] == dims["V"]

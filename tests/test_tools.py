@@ -98,7 +98,7 @@ def test_bench_compat_force_takes_gdn_tunables_only(capsys, monkeypatch):
     bcm = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bcm)
     ok = '{"lanes_per_row": 8, "ilp": 2, "tile_v": 64, "stage": false, "l2_prefetch": true}'
-    assert bcm.parse_force(ok) == dict(lanes_per_row=8, ilp=2, tile_v=64, stage=False, l2_prefetch=True)
+    assert bcm.bc.parse_force(ok, "gdn") == dict(lanes_per_row=8, ilp=2, tile_v=64, stage=False, l2_prefetch=True)
     for text, said in (("nope", "expected a JSON object of gdn tunables, got 'nope'"),
                        ("{}", "expected a JSON object of gdn tunables"),
                        ('{"lanes": 8}', "'lanes' is not a gdn tunable (expected one of lanes_per_row, ilp"),
@@ -106,12 +106,31 @@ def test_bench_compat_force_takes_gdn_tunables_only(capsys, monkeypatch):
                        ('{"stage": 1}', "stage: expected one of [false, true], got 1"),
                        ('{"ilp": true}', "ilp: expected one of [1, 2, 4], got true")):
         with pytest.raises(ValueError) as e:
-            bcm.parse_force(text)
+            bcm.bc.parse_force(text, "gdn")
         assert said in str(e.value), e.value
         monkeypatch.setattr(sys, "argv", ["bench_compat.py", "--force", text])
         assert bcm.main() == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("bench_compat: --force: ") and said in err, err
+
+
+def test_bench_lazy_force_and_columns(capsys):
+    """bench_lazy --force: gdn_lazy tunables with allowed values, else a usage error naming the tunable; --t with no
+    value: only the plain-decoding columns."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_lazy", ROOT / "tools" / "bench_lazy.py")
+    blz = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blz)
+    args = blz.parse_args(["--force", '{"form": "rows", "lanes_per_row": 4, "window": 8}', "--t"])
+    assert args.force == dict(form="rows", lanes_per_row=4, window=8) and args.t == []
+    assert blz.parse_args([]).force is None and blz.parse_args([]).t == [4, 8]
+    for text, said in (('{"form": "tiles"}', 'form: expected one of ["rows", "tile"], got "tiles"'),
+                       ('{"ilp": 2}', "'ilp' is not a gdn_lazy tunable (expected one of form, tile_v")):
+        with pytest.raises(SystemExit) as e:
+            blz.parse_args(["--force", text])
+        assert e.value.code == 2
+        assert said in capsys.readouterr().err
 
 
 def test_tune_shapes_files_plan_valid_variants():

@@ -12,6 +12,7 @@ Nothing here is GDN specific, so later benchmarks (e.g. NVFP4) can reuse it:
 * ``time_events(fn)``          event-timed single eager calls (long calls).
 * ``l2_bytes(device)``         L2 cache size in bytes.
 * ``env_info(device)``         device / library versions for result headers.
+* ``parse_force(text, spec)``  a ``--force`` JSON object of a spec's tunables, checked.
 * ``format_table`` / ``write_results``: plain-text table, results.json and
                                results.md.
 
@@ -260,6 +261,26 @@ def _git_rev() -> str | None:
         return out.stdout.strip() or None
     except Exception:
         return None
+
+
+def parse_force(text: str, spec_name: str) -> dict:
+    """A ``--force`` option's JSON as a dict of the spec's tunables with allowed values; ValueError naming what is
+    wrong otherwise."""
+    from gdnjit.spec import get_spec
+
+    tunables = dict(get_spec(spec_name).tunables)
+    try:
+        force = json.loads(text)
+    except json.JSONDecodeError:
+        force = None
+    if not isinstance(force, dict) or not force:
+        raise ValueError(f"expected a JSON object of {spec_name} tunables, got {text!r}")
+    for name, value in force.items():
+        if name not in tunables:
+            raise ValueError(f"{name!r} is not a {spec_name} tunable (expected one of {', '.join(tunables)})")
+        if value not in tunables[name] or type(value) is not type(tunables[name][0]):
+            raise ValueError(f"{name}: expected one of {json.dumps(list(tunables[name]))}, got {json.dumps(value)}")
+    return force
 
 
 def env_info(device=None) -> dict:

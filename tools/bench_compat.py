@@ -137,7 +137,7 @@ def main() -> int:
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     try:
-        force = parse_force(args.force) if args.force is not None else None
+        force = bc.parse_force(args.force, "gdn") if args.force is not None else None
     except ValueError as e:
         print(f"bench_compat: --force: {e}", file=sys.stderr)
         return 2
@@ -151,25 +151,6 @@ def main() -> int:
         with forcing(force):
             return run(args, force)
     return run(args, None)
-
-
-def parse_force(text: str) -> dict:
-    """``--force``'s JSON as a dict of gdn tunables with allowed values; ValueError naming what is wrong otherwise."""
-    from gdnjit.spec import get_spec
-
-    tunables = dict(get_spec("gdn").tunables)
-    try:
-        force = json.loads(text)
-    except json.JSONDecodeError:
-        force = None
-    if not isinstance(force, dict) or not force:
-        raise ValueError(f"expected a JSON object of gdn tunables, got {text!r}")
-    for name, value in force.items():
-        if name not in tunables:
-            raise ValueError(f"{name!r} is not a gdn tunable (expected one of {', '.join(tunables)})")
-        if value not in tunables[name] or type(value) is not type(tunables[name][0]):
-            raise ValueError(f"{name}: expected one of {json.dumps(list(tunables[name]))}, got {json.dumps(value)}")
-    return force
 
 
 def run(args, force: dict | None) -> int:

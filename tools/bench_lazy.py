@@ -698,13 +698,17 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--b", type=int, nargs="+", default=[1, 8, 32, 64, 128, 512])
     ap.add_argument("--hv", type=int, nargs="+", default=[32, 64])
-    ap.add_argument("--t", type=int, nargs="+", default=[4, 8], help="draft tokens of the speculative columns")
+    ap.add_argument("--t", type=int, nargs="*", default=[4, 8],
+                    help="draft tokens of the speculative columns (none: only decode, lazy1 and copy)")
     ap.add_argument("--state", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
     ap.add_argument("--quick", action="store_true", help="B 1 64 512, HV 64, T 4")
     ap.add_argument("--no-fi", action="store_true", help="skip FlashInfer's u-cache")
     ap.add_argument("--fi-only", action="store_true", help="only FlashInfer's u-cache (and the floors)")
     ap.add_argument("--window", type=int, default=16,
                     help="gdnjit's lazy window, used only where the dispatcher's choice cannot be read")
+    ap.add_argument("--force", default=None, metavar="JSON",
+                    help="gdn_lazy tunables forced on every lazy step, e.g. '{\"form\": \"tile\", \"tile_v\": 64, "
+                         "\"lanes_per_row\": 8, \"rows_per_lane\": 1}' (the other columns keep their choices)")
     ap.add_argument("--replays", type=int, default=20)
     ap.add_argument("--budget-s", type=float, default=0, help="start no new row after this many seconds (0: none)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: one CPU input set, the planned rows and floors")
@@ -718,6 +722,11 @@ def parse_args(argv=None):
         ap.error("--t: draft tokens must be in 1..16")
     if any(HV % H for HV in args.hv):
         ap.error(f"--hv: value heads must be multiples of H={H}")
+    if args.force is not None:
+        try:
+            args.force = bc.parse_force(args.force, "gdn_lazy")
+        except ValueError as e:
+            ap.error(f"--force: {e}")
     return args
 
 
@@ -730,6 +739,17 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("bench_lazy: needs a CUDA GPU (or --dry-run)", file=sys.stderr)
         return 2
+    if args.force:
+        sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "ops"))
+        from test_lazy_gpu import forcing
+
+        with forcing(args.force):
+            return run(args)
+    return run(args)
+
+
+def run(args) -> int:
+    """Every row the arguments ask for (module docstring)."""
     t0 = time.monotonic()
     deadline = t0 + args.budget_s if args.budget_s > 0 else None
     dev = torch.device("cuda", torch.cuda.current_device())

@@ -3,9 +3,10 @@
     compute-sanitizer --tool memcheck  python3 tools/sanitize_lazy.py
     compute-sanitizer --tool racecheck python3 tools/sanitize_lazy.py
 
-gdnjit's own cursor: a plain step (T = 1) and speculative steps (T = 3, random accepted counts) over a pool with gaps
-and a padding row, enough steps that every slot folds in a step, then a fold and a reset; FlashInfer's cursor: the
-verify+flush call (some rows fold) and the verify-only call. bf16 and fp32 states, small shapes (the sanitizer is
+gdnjit's own cursor: a plain step (T = 1: the rows form's prep and state launches) and speculative steps (T = 3,
+random accepted counts: the tile form) over a pool with gaps and a padding row, enough steps that every slot folds in a
+step, then a fold (rows form) and a reset; FlashInfer's cursor: the verify+flush call (some rows fold) and the
+verify-only call, at T = 4 (tile form) and T = 1 (rows form). bf16 and fp32 states, small shapes (the sanitizer is
 slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
 when every call returned.
 """
@@ -40,12 +41,12 @@ def main() -> int:
             gdnjit.gated_delta_rule_lazy_reset(idx, cache)
         torch.cuda.synchronize()
         print(f"lazy step / fold / reset, {sdt}: ran")
-    # FlashInfer's calls: rows 0 and 2 fold (hist_len >= flush_min = 13 at T = 4), bases that wrap the ring
-    T = 4
-    q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
-    v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
+    # FlashInfer's calls at T = 4 (the tile form) and T = 1 (the rows form): rows 0 and 2 fold at T = 4 (hist_len >=
+    # flush_min = 13), row 2 at T = 1 (>= 16); bases that wrap the ring
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
-    for rows, flush in ((32, True), (16, False)):
+    for T, rows, flush in ((4, 32, True), (4, 16, False), (1, 32, True), (1, 16, False)):
+        q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
+        v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
         kc = (r(S, H, rows, 128) * 0.05).bfloat16()
         uc = (r(S, HV, rows, 128) * 0.05).bfloat16()
         gc = -torch.rand(S, HV, rows, device=DEV, generator=g).cumsum(-1)
@@ -61,7 +62,7 @@ def main() -> int:
                                                initial_state_indices=idx, k_cache=kc, u_cache=uc, g_cache=gc,
                                                hist_len=hist)
         torch.cuda.synchronize()
-        print(f"FlashInfer u-cache {'verify+flush' if flush else 'verify only'}: ran")
+        print(f"FlashInfer u-cache {'verify+flush' if flush else 'verify only'}, T={T}: ran")
     print("OK")
     return 0
 

@@ -6,7 +6,9 @@ references of gdnjit/reference/lazy.py.
   rows and the cursors, exactly; outputs poisoned (NaN) before the kernels run, rings poisoned at allocation (a row
   outside a window is never read); odd batch sizes, pools with gaps, padding rows (negative, vLLM's null block 0),
   page-strided pools and rings, bf16 / fp16 inputs, fp32 / bf16 / fp16 states and rings, K / V 64..256, GQA 1, 2, 4,
-  T 1..16, plain and speculative (accept counts -1..T+1: clamped), the rules' tiles and forced ones (window 8 too).
+  T 1..16, plain and speculative (accept counts -1..T+1: clamped); both kernel forms: each case as the rules give it
+  (rows for T <= 1 and folds, tile for T >= 2) and in the tile form, and the rows form at 4, 8 and 16 lanes a row,
+  1, 2, 4 rows a lane and T up to 4 (window 8 too).
 - Folds at every window length P = 0..16 (in a step, and explicit), fold-only and reset calls.
 - A captured CUDA graph of a short loop (steps and a fold, two layers) gives the bits of the eager loop.
 - Long runs against float64 sequential decoding (the ground truth): 1000 plain T = 1 steps and 200 speculative steps
@@ -89,8 +91,9 @@ def _poison_next_alloc(shape, dtype):
 
 
 @contextlib.contextmanager
-def _forcing(tunables: Optional[dict]):
-    """Make the dispatcher pick these gdn_lazy tunables (None: the rules' choice)."""
+def forcing(tunables: Optional[dict]):
+    """Make the dispatcher pick these gdn_lazy tunables for every step and fold inside (None: the rules' choice;
+    tools/bench_lazy.py --force uses it too)."""
     if not tunables:
         yield
         return
@@ -103,6 +106,9 @@ def _forcing(tunables: Optional[dict]):
         v = orig(spec, params, facts, arch, tuned, batch_invariant)
         if spec.name != "gdn_lazy" or params["mode"] == "reset":
             return v
+        if params["mode"] == "prep":  # of a prep launch's tunables only the window counts
+            return Variant.make(spec, params, dict(v.tunables, **{n: t for n, t in tunables.items() if n == "window"}),
+                                arch)
         return Variant.make(spec, params, dict(dict(v.tunables), **tunables), arch)
 
     runner.RUNNER.clear()
@@ -181,10 +187,27 @@ CASES = [
     Case(K=256, V=64, rep=1, T=16, B=3, out="fp32", l2norm=False),
     Case(K=128, V=128, H=1, rep=2, T=10, sdt=fp16, rdt=fp16, in_dt=fp16, spec=True, null=0, B=11,
          force=(("tile_v", 128),)),
+    # the rows form's other shapes: 4 and 16 lanes a row, 1..4 rows a lane, 1..8 warps a CTA
+    Case(T=1, sdt=bf, rdt=bf, B=37, spec=True, force=(("form", "rows"), ("lanes_per_row", 4), ("rows_per_lane", 1),
+                                                      ("tile_v", 64))),
+    Case(K=256, V=64, rep=4, T=2, sdt=f32, B=9, force=(("form", "rows"), ("lanes_per_row", 16), ("rows_per_lane", 2),
+                                                      ("tile_v", 32))),
+    Case(K=64, V=256, T=4, sdt=bf, rdt=f32, B=6, spec=True, force=(("form", "rows"), ("lanes_per_row", 8),
+                                                                   ("rows_per_lane", 2), ("tile_v", 64), ("window", 8))),
 ]
+TILE_FORM = (("form", "tile"), ("lanes_per_row", 8), ("rows_per_lane", 1))
 
 
-@pytest.mark.parametrize("case", CASES, ids=str)
+def _forms(case: Case) -> tuple:
+    """The case as given (the rules' form, or its forced one) and, unless it forces a form, in the tile form."""
+    if any(n == "form" for n, _ in case.force or ()):
+        return (case,)
+    tile = dict(TILE_FORM, tile_v=dict(case.force or ()).get("tile_v", 32), **{
+        n: v for n, v in case.force or () if n == "window"})
+    return case, dataclasses.replace(case, force=tuple(tile.items()))
+
+
+@pytest.mark.parametrize("case", [f for c in CASES for f in _forms(c)], ids=str)
 def test_loop_matches_the_model(case: Case):
     """Six steps over a pool with gaps (requests joining and leaving: each step a random subset of the users, in a
     random order, with padding rows), explicit folds (with accepted counts) and resets (a fresh checkpoint) between
@@ -209,7 +232,7 @@ def test_loop_matches_the_model(case: Case):
     pad_values = [-1, c.null if c.null >= 0 else -1][:n_pad]
     other_parts = None if pool_pages is None else pool_pages[:, [0, 2]].clone()
     what = str(c)
-    with _forcing(dict(c.force) if c.force else None):
+    with forcing(dict(c.force) if c.force else None):
         for step in range(6):
             rows = rng.sample(users, B - n_pad)
             pads = sorted(rng.sample(range(B), n_pad))
