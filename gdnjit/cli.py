@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import signal
 import sys
@@ -178,6 +179,22 @@ def cmd_tune(args) -> int:
                 print(f"gdnjit tune: --where: expected names of spec {name}'s params and tunables, got unknown "
                       f"{sorted(unknown)} (--call narrows the shapes' calls)", file=sys.stderr)
                 return 2
+    untunable = {}  # specs whose op cannot be timed by one launch of fixed inputs (the op module says why)
+    for name in sorted({p.spec for p in problems}):
+        from .spec import get_spec
+
+        module = get_spec(name).module
+        reason = getattr(importlib.import_module(f"gdnjit.{module}"), "UNTUNABLE", None) if module else None
+        if reason:
+            untunable[name] = reason
+    if untunable:
+        calls = sorted({p.call for p in problems if p.spec in untunable})
+        for name, reason in untunable.items():
+            print(f"gdnjit tune: skipping spec {name}'s calls ({reason})", file=sys.stderr)
+        problems = [p for p in problems if p.spec not in untunable]
+        if not problems:
+            print(f"gdnjit tune: --call: no call left to tune (skipped {', '.join(calls)})", file=sys.stderr)
+            return 2
     if not torch.cuda.is_available():
         print("gdnjit tune: needs a CUDA GPU (it measures the candidates on it)", file=sys.stderr)
         return 2

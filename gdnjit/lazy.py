@@ -453,8 +453,11 @@ def prepare_fold(state, state_indices, cache, num_accepted, null_block_id, mode:
     return mode_obj.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
 
 
+UNTUNABLE = ("a rows-form step is two launches, and the window's cost shows only over whole fold cycles: compare "
+             "gdn_lazy tunables with tools/bench_lazy.py --force")
+"""Why ``gdnjit tune`` skips this op's spec (it times one launch of fixed inputs)."""
+
+
 def example_call(params: dict, facts: dict, device):
-    """``gdnjit tune``'s inputs: none. A rows-form step is two launches (tune times one), and the window's cost shows
-    only over whole fold cycles; compare gdn_lazy tunables with ``tools/bench_lazy.py --force`` instead."""
-    raise ValueError("gdn_lazy: `gdnjit tune` cannot time it (a rows-form step is two launches, and the window's "
-                     "cost shows only over whole fold cycles): compare tunables with tools/bench_lazy.py --force")
+    """``gdnjit tune``'s inputs: none (:data:`UNTUNABLE`)."""
+    raise ValueError(f"gdn_lazy: gdnjit tune cannot time it ({UNTUNABLE})")

@@ -57,8 +57,17 @@ def test_where_names_and_shapes_are_checked_before_the_gpu():
              "['form'] (--call narrows the shapes' calls)"),
             (["--shapes", "qwen35.yaml", "--call", "decode", "--where", "form == 'tc'"], "gdnjit tune: needs a CUDA GPU"),
             (["--shapes", "qwen35.yaml", "--call", "mtp"], "gdnjit tune: --call: expected calls of the shapes files "
-             "(conv_decode, conv_verify, decode, nvfp4_activations, replayssm_commit, replayssm_verify, spec_flush, spec_step, "
-             "verify_bf16, verify_fp32), got unknown ['mtp']"),
+             "(conv_decode, conv_verify, decode, lazy_decode, lazy_decode_bf16, lazy_fold, lazy_fold_bf16, "
+             "lazy_fold_prep, lazy_fold_prep_bf16, lazy_prep, lazy_prep_bf16, lazy_spec, lazy_spec_bf16, "
+             "nvfp4_activations, replayssm_commit, replayssm_verify, spec_flush, spec_step, verify_bf16, verify_fp32), "
+             "got unknown ['mtp']"),
+            # the lazy state's calls are skipped (two launches, fold cycles), with a line saying why
+            (["--shapes", "qwen35.yaml", "--call", "lazy_decode"], "gdnjit tune: skipping spec gdn_lazy's calls (a "
+             "rows-form step is two launches, and the window's cost shows only over whole fold cycles: compare "
+             "gdn_lazy tunables with tools/bench_lazy.py --force)\ngdnjit tune: --call: no call left to tune (skipped "
+             "lazy_decode)"),
+            (["--shapes", "qwen35.yaml", "--call", "lazy_spec", "--call", "decode"], "gdnjit tune: skipping spec "
+             "gdn_lazy's calls"),
             (["--shapes", "nope.yaml"], "gdnjit tune: shapes: no file 'nope.yaml'")):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
