@@ -187,14 +187,12 @@ def cmd_tune(args) -> int:
         reason = getattr(importlib.import_module(f"gdnjit.{module}"), "UNTUNABLE", None) if module else None
         if reason:
             untunable[name] = reason
-    if untunable:
-        calls = sorted({p.call for p in problems if p.spec in untunable})
-        for name, reason in untunable.items():
-            print(f"gdnjit tune: skipping spec {name}'s calls ({reason})", file=sys.stderr)
-        problems = [p for p in problems if p.spec not in untunable]
-        if not problems:
-            print(f"gdnjit tune: --call: no call left to tune (skipped {', '.join(calls)})", file=sys.stderr)
-            return 2
+    skipped = sorted({p.call for p in problems if p.spec in untunable})
+    problems = [p for p in problems if p.spec not in untunable]
+    if not problems:
+        print(f"gdnjit tune: --call: no call left to tune ({', '.join(skipped)}: "
+              + "; ".join(f"spec {n}: {r}" for n, r in untunable.items()) + ")", file=sys.stderr)
+        return 2
     if not torch.cuda.is_available():
         print("gdnjit tune: needs a CUDA GPU (it measures the candidates on it)", file=sys.stderr)
         return 2
@@ -202,6 +200,8 @@ def cmd_tune(args) -> int:
     from .warm import check_supported_arch
 
     check_supported_arch(device_info(torch.cuda.current_device()).arch, what="the local GPU's arch")
+    for name, reason in untunable.items():
+        print(f"gdnjit tune: skipping spec {name}'s calls ({reason})", file=sys.stderr)
     dedup = {}
     for p in problems:  # models sharing (params, facts) measure the same thing
         dedup.setdefault((p.spec, p.params, p.facts), p)

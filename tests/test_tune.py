@@ -61,13 +61,11 @@ def test_where_names_and_shapes_are_checked_before_the_gpu():
              "lazy_fold_prep, lazy_fold_prep_bf16, lazy_prep, lazy_prep_bf16, lazy_spec, lazy_spec_bf16, "
              "nvfp4_activations, replayssm_commit, replayssm_verify, spec_flush, spec_step, verify_bf16, verify_fp32), "
              "got unknown ['mtp']"),
-            # the lazy state's calls are skipped (two launches, fold cycles), with a line saying why
-            (["--shapes", "qwen35.yaml", "--call", "lazy_decode"], "gdnjit tune: skipping spec gdn_lazy's calls (a "
-             "rows-form step is two launches, and the window's cost shows only over whole fold cycles: compare "
-             "gdn_lazy tunables with tools/bench_lazy.py --force)\ngdnjit tune: --call: no call left to tune (skipped "
-             "lazy_decode)"),
-            (["--shapes", "qwen35.yaml", "--call", "lazy_spec", "--call", "decode"], "gdnjit tune: skipping spec "
-             "gdn_lazy's calls"),
+            # the lazy state's calls are skipped (two launches, fold cycles; a line says why once tuning starts)
+            (["--shapes", "qwen35.yaml", "--call", "lazy_decode"], "gdnjit tune: --call: no call left to tune "
+             "(lazy_decode: spec gdn_lazy: a rows-form step is two launches, and the window's cost shows only over "
+             "whole fold cycles: compare gdn_lazy tunables with tools/bench_lazy.py --force)\n"),
+            (["--shapes", "qwen35.yaml", "--call", "lazy_spec", "--call", "decode"], "gdnjit tune: needs a CUDA GPU"),
             (["--shapes", "nope.yaml"], "gdnjit tune: shapes: no file 'nope.yaml'")):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
