@@ -229,7 +229,7 @@ def test_warm_plans_again_when_a_recorded_entry_is_gone_or_an_input_changed(warm
 
 
 def test_second_warm_subprocess_is_fast(warm_copy, planned):
-    """A cached warm in a fresh process (a container's start): the first warm's recorded plan and 208 verified
+    """A cached warm in a fresh process (a container's start): the first warm's recorded plan and its (240) verified
     lookups, no planning (~0.3 s on the dev CPU; planning alone took 1-3 s: docs/perf.md v34, v52)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("GDNJIT_")}
     env["GDNJIT_CACHE_DIR"] = str(warm_copy)
