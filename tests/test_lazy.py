@@ -371,3 +371,32 @@ def test_scratch_layout_matches_the_spec():
         assert words % 4 == 0 and words >= 2 * T * (16 + T) + 2 * T + 17
         for B, H, HV, K in ((1, 1, 1, 64), (7, 2, 8, 256), (512, 16, 64, 128)):
             assert lazy.scratch_bytes(B, H, HV, K, T) == B * 16 + B * H * 2 * T * K * 4 + B * HV * words * 4
+
+
+def test_launches_follow_the_chosen_form(monkeypatch):
+    """A step or fold the dispatcher gives the rows form is the prep launch (the same call, mode prep) and then the
+    call, sharing scratch_bytes; a speculative step in the tile form and a reset are one launch (RUNNER.variant, on a
+    stand-in H200 without loading anything)."""
+    from gdnjit import runner
+
+    monkeypatch.setattr(runner, "device_info", lambda i: runner.DeviceInfo(i, "NVIDIA H200", "sm_90", 132))
+    monkeypatch.setattr(runner.RUNNER, "tuned_table", lambda i: None)
+    monkeypatch.setattr(runner.RUNNER, "get_launcher", lambda variant, i, config=None: object())
+    runner.RUNNER.clear()
+    try:
+        for call, forms in ((step(q=torch.zeros(B, 1, H, K, dtype=torch.bfloat16),
+                                  k=torch.zeros(B, 1, H, K, dtype=torch.bfloat16),
+                                  v=torch.zeros(B, 1, HV, V, dtype=torch.bfloat16),
+                                  a=torch.zeros(B, 1, HV, dtype=torch.bfloat16),
+                                  b=torch.zeros(B, 1, HV, dtype=torch.bfloat16))[1], ("prep", "step")),
+                            (fold(), ("prep", "fold")), (step()[1], ("step",)), (fold("reset"), ("reset",))):
+            calls, nbytes = lazy.launches(call)
+            assert tuple(c.params["mode"] for c in calls) == forms
+            assert all({n: v for n, v in c.params.items() if n != "mode"} == {n: v for n, v in call.params.items()
+                                                                              if n != "mode"} for c in calls)
+            assert calls[-1] is call and dict(runner.RUNNER.variant(call).tunables)["form"] == (
+                "rows" if len(calls) == 2 else "tile")
+            p = call.params
+            assert nbytes == (lazy.scratch_bytes(B, H, HV, K, p["T"]) if len(calls) == 2 else 0)
+    finally:
+        runner.RUNNER.clear()
