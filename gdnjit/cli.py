@@ -169,9 +169,9 @@ def cmd_tune(args) -> int:
                   file=sys.stderr)
             return 2
         problems = [p for p in problems if p.call in args.call]
-    if args.where is not None:  # and a name the candidates do not have (it evaluates over params and tunables)
-        from .spec import get_spec
+    from .spec import get_spec
 
+    if args.where is not None:  # and a name the candidates do not have (it evaluates over params and tunables)
         for name in sorted({p.spec for p in problems}):
             spec = get_spec(name)
             unknown = _expr.names_in(args.where) - set(spec.param_names) - set(spec.tunable_names)
@@ -181,8 +181,6 @@ def cmd_tune(args) -> int:
                 return 2
     untunable = {}  # specs whose op cannot be timed by one launch of fixed inputs (the op module says why)
     for name in sorted({p.spec for p in problems}):
-        from .spec import get_spec
-
         module = get_spec(name).module
         reason = getattr(importlib.import_module(f"gdnjit.{module}"), "UNTUNABLE", None) if module else None
         if reason:

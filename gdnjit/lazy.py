@@ -26,7 +26,8 @@ in the cache's dtype (:func:`lazy_cache`'s ``dtype``, bf16 unless given): give a
 cost it about 1e-3 relative), and a 16-bit state fp32 rings where its drift matters more than the ring's bytes
 (with 16-bit rings a folded state rounds twice: the ring rows, then the state).
 
-Each slot may appear once per call (the kernel counts its CTAs per slot); ``GDNJIT_CHECK_INDICES=1`` checks it.
+Each slot may appear once per call (its ring rows and cursor are written once a call); ``GDNJIT_CHECK_INDICES=1``
+checks it.
 
 Launches: a plain step (T = 1) and a fold run the spec's rows form, a prep launch and then the state launch, sharing
 a scratch buffer allocated per call (:func:`scratch_bytes`); speculative steps the tile form, one launch (docs/design.md
@@ -395,7 +396,7 @@ def prepare_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, num
 
 def host_check_slots(name: str, idx: torch.Tensor, slots: int, null_block_id: int) -> None:
     """GDNJIT_CHECK_INDICES: the kernel's trap (a slot past the pool) as an IndexError, and a live slot named twice
-    (its CTAs would be miscounted) as a ValueError; reads the device (synchronises)."""
+    (its ring rows and cursor would be written twice) as a ValueError; reads the device (synchronises)."""
     _v.host_index_in_range(name, idx, slots)
     live = idx[(idx > null_block_id) & (idx >= 0)]
     if live.numel() != torch.unique(live).numel():
