@@ -370,10 +370,7 @@ def prepare_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, num
         _v.dense_buffer("num_accepted", num_accepted, (B,), (torch.int32,), device, f"[B={B}]", vector=False)
     scale, softplus_beta, softplus_threshold = gate_values(scale, softplus_beta, softplus_threshold, K)
     zero_pad = output is None
-    if output is None:
-        output = torch.empty((B, T, HV, V), dtype=q.dtype, device=device)
-    else:
-        _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", OUT_DTYPES, device)
+    output = step_output(output, q.dtype, B, T, HV, V, device)
     if B == 0:
         return output, None
     if get_config().check_indices:
@@ -392,6 +389,15 @@ def prepare_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, num
                 softplus_beta=softplus_beta, softplus_threshold=softplus_threshold, B=B, H=H, HV=HV)
     dev = launch_device(device, require_cuda)
     return output, STEP.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
+
+
+def step_output(output, dtype: torch.dtype, B: int, T: int, HV: int, V: int, device) -> torch.Tensor:
+    """A step's output: ``output`` checked (``[B, T, HV, V]``, an output dtype, last dim contiguous, on ``device``), or
+    a new one of ``dtype`` when None."""
+    if output is None:
+        return torch.empty((B, T, HV, V), dtype=dtype, device=device)
+    _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", OUT_DTYPES, device)
+    return output
 
 
 def host_check_slots(name: str, idx: torch.Tensor, slots: int, null_block_id: int) -> None:

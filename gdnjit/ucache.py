@@ -30,7 +30,7 @@ from . import lazy as _lazy
 from . import validate as _v
 from .call_mode import CallMode
 from .errors import ContractError
-from .gdn_core import OUT_DTYPES, launch_device, uses_pdl
+from .gdn_core import launch_device, uses_pdl
 
 WINDOW = 16        # FlashInfer's window (W_RING): at most 16 committed rows
 RING_SLOTS = 32    # the flush call's ring rows
@@ -98,10 +98,7 @@ def _run(name: str, A_log, a, dt_bias, softplus_beta, softplus_threshold, q, k, 
         raise ValueError(f"q: the verify-only call's 16-row ring holds at most 16 tokens, got T={T}")
     scale, beta, threshold = _lazy.gate_values(scale, softplus_beta, softplus_threshold, K)
     zero_pad = output is None
-    if output is None:
-        output = torch.empty((B, T, HV, V), dtype=q.dtype, device=device)
-    else:
-        _v.given_output(output, (B, T, HV, V), "[B, T, HV, V]", OUT_DTYPES, device)
+    output = _lazy.step_output(output, q.dtype, B, T, HV, V, device)
     if B == 0:
         return output, flush_min
     hist = hist_len.contiguous()  # read only: a copy of a strided cursor is what the kernel reads
