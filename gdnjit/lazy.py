@@ -287,7 +287,7 @@ def check_rings(names: tuple, k_ring, u_ring, g_ring, slots: int, H: Optional[in
                 rows: int, device, dtypes=RING_DTYPES) -> int:
     """The three ring tensors, called ``names`` in messages: keys ``[slots, H, rows, K]``, corrections ``[slots, HV,
     rows, V]`` (the keys' dtype), log decays ``[slots, HV, rows]`` fp32; dims after the slot dim dense, the slot
-    pitch free (16-byte multiples for the 16-byte pieces); returns H."""
+    pitch free (the keys': 16-byte aligned, as their base); returns H."""
     kn, un, gn = names
     for name, x, nd in ((kn, k_ring, 4), (un, u_ring, 4), (gn, g_ring, 3)):
         _v.tensor(name, x, nd)
@@ -306,6 +306,7 @@ def check_rings(names: tuple, k_ring, u_ring, g_ring, slots: int, H: Optional[in
         if tuple(x.stride()[1:]) != tuple(dense):
             raise ValueError(f"{name}: expected its dims after the slot dim dense (strides {dense}), got strides "
                              f"{x.stride()}")
+    _v.aligned(kn, k_ring, 16)  # a fold reads the key rows in 16-byte pieces
     return Hk
 
 
