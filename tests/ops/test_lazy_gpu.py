@@ -573,6 +573,7 @@ def _ucache_rings(slots, H, HV, K, V, rows, rdt):
     (256, 64, 2, 13, fp16, bf, False, 2),
     (128, 256, 1, 16, bf, f32, True, None),     # flush_min 1: every row with a window folds
     (64, 64, 2, 5, f32, fp16, True, 9),         # predictive flushing
+    (128, 128, 4, 1, bf, bf, False, None),      # T = 1: the rows form, its fold on tensor cores (NaN past the window)
 ])
 def test_ucache_flush_matches_flashinfer_semantics(K, V, rep, T, sdt, rdt, restart, flush_min):
     """Eight steps of gated_delta_rule_mtp_ucache_flush over 32-row rings (NaN-poisoned) with per-row cursors that
