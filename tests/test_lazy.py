@@ -406,3 +406,26 @@ def test_launches_follow_the_chosen_form(monkeypatch):
             assert nbytes == (lazy.scratch_bytes(B, H, HV, K, p["T"]) if len(calls) == 2 else 0)
     finally:
         runner.RUNNER.clear()
+
+
+def test_the_tensor_core_fold_is_the_rules_bf16_plain_step_with_bf16_rings():
+    """mma_fold (the fold's update as bf16 MMAs) is on exactly where its operands are exact in bf16 and a warp holds
+    16 rows: the rules' plain step / fold for a bf16 state with bf16 rings; fp32 rings, an fp16 state and an fp32
+    state keep the fold on CUDA cores; the prep and the tile form have none. Each variant's shared memory follows."""
+    def chosen(**kw):
+        p = dict(SPEC.param_defaults, mode="step", T=1, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
+                 idx_dtype="int32")
+        p.update(kw)
+        p = {n: p[n] for n in SPEC.param_names}
+        t, _ = dispatch.select(SPEC, p, FACTS[0])
+        return Variant.make(SPEC, p, t, ARCH).values
+
+    for kw in (dict(), dict(mode="fold", T=0), dict(K=64, V=64)):
+        vals = chosen(**kw)
+        assert vals["mma_fold"] and vals["form"] == "rows", kw
+        assert vals["smem_bytes"] == vals["threads"] // 32 * 16 * 72 * 4, kw
+    for kw in (dict(ring_dtype="fp32"), dict(state_dtype="fp16", ring_dtype="fp16"),
+               dict(state_dtype="fp32", ring_dtype="fp32"), dict(mode="prep"), dict(T=4)):
+        vals = chosen(**kw)
+        assert not vals["mma_fold"], kw
+        assert vals["smem_bytes"] == vals["tables_smem"], kw
