@@ -429,3 +429,32 @@ def test_the_tensor_core_fold_is_the_rules_bf16_plain_step_with_bf16_rings():
         vals = chosen(**kw)
         assert not vals["mma_fold"], kw
         assert vals["smem_bytes"] == vals["tables_smem"], kw
+
+
+def test_the_prep_launch_takes_a_warp_an_item_for_large_batches_and_four_for_small():
+    """The rules' head_warps: the prep launch does a (row, key head) item in one warp (its value heads in turn) from 8
+    items an SM up, in 4 warps (a value head each) below; the grid covers every item's warps in 4-warp CTAs; no other
+    launch has head warps (the spec refuses them)."""
+    from gdnjit import expr as _expr
+
+    def prep(B, H=16, HV=64, T=1):
+        p = dict(SPEC.param_defaults, mode="prep", T=T, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
+                 idx_dtype="int32")
+        p = {n: p[n] for n in SPEC.param_names}
+        facts = dict(B=B, H=H, HV=HV, num_sms=132)
+        t, _ = dispatch.select(SPEC, p, facts)
+        v = Variant.make(SPEC, p, t, ARCH)
+        grid = int(_expr.evaluate(dict(SPEC.launch)["grid"], dict(v.values, **facts)))
+        return dict(v.tunables)["head_warps"], v.values["threads"], grid
+
+    for B, want in ((512, 1), (128, 1), (66, 1), (65, 4), (32, 4), (1, 4)):
+        hw, threads, grid = prep(B)
+        assert hw == want, (B, hw)
+        assert threads == 128 and grid == -(-B * 16 * hw // 4), (B, grid)
+    for mode, T in (("step", 1), ("fold", 0), ("step", 4), ("reset", 0)):
+        p = dict(SPEC.param_defaults, mode=mode, T=T, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
+                 idx_dtype="int32")
+        p = {n: p[n] for n in SPEC.param_names}
+        t, _ = dispatch.select(SPEC, p, FACTS[2])
+        assert dict(t)["head_warps"] == 1, mode
+        assert not SPEC.valid(p, dict(t, head_warps=4)), mode

@@ -106,10 +106,11 @@ def forcing(tunables: Optional[dict]):
         v = orig(spec, params, facts, arch, tuned, batch_invariant)
         if spec.name != "gdn_lazy" or params["mode"] == "reset":
             return v
-        if params["mode"] == "prep":  # of a prep launch's tunables only the window counts
-            return Variant.make(spec, params, dict(v.tunables, **{n: t for n, t in tunables.items() if n == "window"}),
-                                arch)
-        return Variant.make(spec, params, dict(dict(v.tunables), **tunables), arch)
+        if params["mode"] == "prep":  # of a prep launch's tunables only the window and its head warps count
+            return Variant.make(spec, params, dict(v.tunables, **{n: t for n, t in tunables.items()
+                                                                  if n in ("window", "head_warps")}), arch)
+        return Variant.make(spec, params, dict(dict(v.tunables), **{n: t for n, t in tunables.items()
+                                                                    if n != "head_warps"}), arch)
 
     runner.RUNNER.clear()
     runner.choose_variant = forced
@@ -194,6 +195,12 @@ CASES = [
                                                       ("tile_v", 32))),
     Case(K=64, V=256, T=4, sdt=bf, rdt=f32, B=6, spec=True, force=(("form", "rows"), ("lanes_per_row", 8),
                                                                    ("rows_per_lane", 2), ("tile_v", 64), ("window", 8))),
+    # the prep launch's warps an item: one for all its value heads (the rules' large batches), or 4 for fewer heads
+    Case(T=1, sdt=bf, rdt=bf, rep=4, B=5, null=0, force=(("head_warps", 1),)),
+    Case(K=64, V=64, H=2, rep=3, T=1, B=6, force=(("head_warps", 1),)),
+    Case(K=64, V=64, H=2, rep=3, T=2, sdt=bf, rdt=bf, B=4, force=(("form", "rows"), ("lanes_per_row", 8),
+                                                                   ("rows_per_lane", 4), ("tile_v", 16),
+                                                                   ("head_warps", 4))),
 ]
 TILE_FORM = (("form", "tile"), ("lanes_per_row", 8), ("rows_per_lane", 1))
 
