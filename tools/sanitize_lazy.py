@@ -5,7 +5,8 @@
 
 gdnjit's own cursor: a plain step (T = 1: the rows form's prep and state launches) and speculative steps (T = 3,
 random accepted counts: the tile form) over a pool with gaps and a padding row, enough steps that every slot folds in a
-step, then a fold (rows form) and a reset; FlashInfer's cursor: the verify+flush call (some rows fold) and the
+step, then a fold (rows form) and a reset; plain steps over enough rows that the prep launch takes a warp an item;
+FlashInfer's cursor: the verify+flush call (some rows fold) and the
 verify-only call, at T = 4 (tile form) and T = 1 (rows form). bf16 and fp32 states, small shapes (the sanitizer is
 slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
 when every call returned.
@@ -41,6 +42,19 @@ def main() -> int:
             gdnjit.gated_delta_rule_lazy_reset(idx, cache)
         torch.cuda.synchronize()
         print(f"lazy step / fold / reset, {sdt}: ran")
+    # the prep launch's warp an item (8 items an SM or more; the loops above take its 4 warps an item): 2 plain steps
+    # and a fold over enough rows of 16 key heads, 2 value heads each
+    H2, B2 = 16, 8 * torch.cuda.get_device_properties(DEV).multi_processor_count // 16 + 1
+    pool = (r(B2, 2 * H2, V, K) * 0.1).bfloat16()
+    cache = gdnjit.lazy_cache(B2, H2, 2 * H2, K, V, dtype=torch.bfloat16, device=DEV)
+    idx2 = torch.arange(B2, dtype=torch.int32, device=DEV)
+    for _ in range(2):
+        q, k = r(B2, 1, H2, K).bfloat16(), r(B2, 1, H2, K).bfloat16()
+        v, a, b = r(B2, 1, 2 * H2, V).bfloat16(), r(B2, 1, 2 * H2).bfloat16(), r(B2, 1, 2 * H2).bfloat16()
+        gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log.repeat(8), a, dtb.repeat(8), b, pool, idx2, cache)
+    gdnjit.gated_delta_rule_lazy_fold(pool, idx2, cache)
+    torch.cuda.synchronize()
+    print(f"lazy plain steps and a fold, {B2} rows x {H2} key heads: ran")
     # FlashInfer's calls at T = 4 (the tile form) and T = 1 (the rows form): rows 0 and 2 fold at T = 4 (hist_len >=
     # flush_min = 13), row 2 at T = 1 (>= 16); bases that wrap the ring
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
