@@ -1,4 +1,5 @@
-"""What every calling mode of the ``gdn`` kernel shares: its limits and dtypes, the spec, PDL, index checks.
+"""What every calling mode of the ``gdn`` kernel shares: its limits and dtypes, the spec, PDL, index checks (and, with
+:mod:`gdnjit.lazy`, the per-slot caches' size checks and layer views).
 
 The calling modes are small modules over this core, each declaring its :class:`~gdnjit.call_mode.CallMode` once
 and naming only the params and args it sets (``specs/gdn.yaml`` declares them all, with defaults):
@@ -58,6 +59,26 @@ def ptr(x: Optional[torch.Tensor]) -> int:
 def signature(x: Optional[torch.Tensor]):
     """The metadata a call's checks read of one tensor (None for None): a memo key part."""
     return None if x is None else (x.shape, x.stride(), x.dtype, x.device)
+
+
+def check_cache_sizes(layers, H: int, HV: int, **sizes) -> None:
+    """A per-slot cache allocator's sizes (:func:`gdnjit.lazy_cache`, :func:`gdnjit.spec_cache`): each of ``sizes``,
+    H and HV a positive int, ``layers`` None or a positive int, HV a multiple of H."""
+    for name, x in (*sizes.items(), ("H", H), ("HV", HV)):
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise ValueError(f"{name}: expected a positive int, got {x!r}")
+    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+        raise ValueError(f"layers: expected None or a positive int, got {layers!r}")
+    if HV % H:
+        raise ValueError(f"HV: expected a multiple of H={H}, got {HV}")
+
+
+def cache_layer(cache: tuple, i: int, lead: str):
+    """Layer ``i`` of a cache (a NamedTuple of tensors) allocated with a leading layer dim: views, no copy. ``lead``
+    names the field whose rank tells (a 2-D per-slot field: 3-D with the layer dim)."""
+    if getattr(cache, lead).dim() != 3:
+        raise ValueError(f"layer: this cache has no layer dim ({lead} shape {tuple(getattr(cache, lead).shape)})")
+    return type(cache)(*(x[i] for x in cache))
 
 
 def check_indices(name: str, idx: torch.Tensor, B: int, device: torch.device,

@@ -48,7 +48,8 @@ import torch
 from . import validate as _v
 from .call_mode import CallMode
 from .errors import DtypeError
-from .gdn_core import OUT_DTYPES, SUPPORTED_DIMS, check_tokens, launch_device, uses_pdl
+from .gdn_core import (OUT_DTYPES, SUPPORTED_DIMS, cache_layer, check_cache_sizes, check_tokens, launch_device,
+                       uses_pdl)
 from .gdn_core import signature as _sig
 from .config import get_config
 from .runner import RUNNER, KernelCall, launch_on, remember
@@ -85,9 +86,7 @@ class LazyCache(NamedTuple):
 
     def layer(self, i: int) -> "LazyCache":
         """Layer ``i`` of a cache allocated with a leading layer dim (views, no copy)."""
-        if self.cursor.dim() != 3:
-            raise ValueError(f"layer: this cache has no layer dim (cursor shape {tuple(self.cursor.shape)})")
-        return LazyCache(*(x[i] for x in self))
+        return cache_layer(self, i, "cursor")
 
 
 def lazy_cache(slots: int, H: int, HV: int, K: int, V: int, *, dtype: torch.dtype = torch.bfloat16, device=None,
@@ -95,13 +94,7 @@ def lazy_cache(slots: int, H: int, HV: int, K: int, V: int, *, dtype: torch.dtyp
     """Allocate an empty :class:`LazyCache` for a pool of ``slots`` with ring rows of ``dtype`` (fp32 / bf16 /
     fp16; bf16 by default: give an fp32 state fp32 rings, see the module docstring) on ``device`` (``layers``: a
     leading layer dim). Everything is zeroed: every slot starts with an empty ring."""
-    for name, x in (("slots", slots), ("H", H), ("HV", HV), ("K", K), ("V", V)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"{name}: expected a positive int, got {x!r}")
-    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
-        raise ValueError(f"layers: expected None or a positive int, got {layers!r}")
-    if HV % H:
-        raise ValueError(f"HV: expected a multiple of H={H}, got {HV}")
+    check_cache_sizes(layers, H, HV, slots=slots, K=K, V=V)
     for name, x in (("K", K), ("V", V)):
         if x not in SUPPORTED_DIMS:
             raise ValueError(f"{name}: expected one of {SUPPORTED_DIMS}, got {x}")

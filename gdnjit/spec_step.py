@@ -40,8 +40,8 @@ import torch
 from . import validate as _v
 from .call_mode import CallMode
 from .errors import DtypeError
-from .gdn_core import (IN_DTYPES, MAX_T, OUT_DTYPES, SPEC, STATE_DTYPES, SUPPORTED_DIMS, check_tokens, launch_device,
-                       uses_pdl)
+from .gdn_core import (IN_DTYPES, MAX_T, OUT_DTYPES, SPEC, STATE_DTYPES, SUPPORTED_DIMS, cache_layer, check_cache_sizes,
+                       check_tokens, launch_device, uses_pdl)
 from .gdn_core import signature as _sig
 from .runner import RUNNER, launch_on, remember
 
@@ -71,22 +71,14 @@ class SpecCache(NamedTuple):
 
     def layer(self, i: int) -> "SpecCache":
         """Layer ``i`` of a cache allocated with a leading layer dim (views, no copy)."""
-        if self.ctl.dim() != 3:
-            raise ValueError(f"layer: this cache has no layer dim (ctl shape {tuple(self.ctl.shape)})")
-        return SpecCache(*(x[i] for x in self))
+        return cache_layer(self, i, "ctl")
 
 
 def spec_cache(slots: int, H: int, HV: int, T: int, K: int, V: int, *, dtype: torch.dtype = torch.bfloat16,
                device=None, layers: Optional[int] = None) -> SpecCache:
     """Allocate a :class:`SpecCache` for a pool of ``slots`` (``layers``: one per layer, leading dim), ``T`` draft
     tokens per step, q/k/v of ``dtype``; ``ctl`` zeroed, the rest uninitialised (never read before written)."""
-    for name, x in (("slots", slots), ("H", H), ("HV", HV), ("T", T), ("K", K), ("V", V)):
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise ValueError(f"{name}: expected a positive int, got {x!r}")
-    if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
-        raise ValueError(f"layers: expected None or a positive int, got {layers!r}")
-    if HV % H:
-        raise ValueError(f"HV: expected a multiple of H={H}, got {HV}")
+    check_cache_sizes(layers, H, HV, slots=slots, T=T, K=K, V=V)
     if not 1 <= T <= MAX_T:
         raise ValueError(f"T: expected 1..{MAX_T}, got {T}")
     if dtype not in IN_DTYPES:
