@@ -433,8 +433,8 @@ def test_the_tensor_core_fold_is_the_rules_bf16_plain_step_with_bf16_rings():
 
 def test_the_prep_launch_takes_a_warp_an_item_for_large_batches_and_four_for_small():
     """The rules' head_warps: the prep launch does a (row, key head) item in one warp (its value heads in turn) from 8
-    items an SM up, in 4 warps (a value head each) below; the grid covers every item's warps in 4-warp CTAs; no other
-    launch has head warps (the spec refuses them)."""
+    items an SM up, in 4 warps (a value head each) below, one warp at T >= 2 (the spec refuses more); the grid covers
+    every item's warps in 4-warp CTAs; no other launch has head warps."""
     from gdnjit import expr as _expr
 
     def prep(B, H=16, HV=64, T=1):
@@ -451,6 +451,12 @@ def test_the_prep_launch_takes_a_warp_an_item_for_large_batches_and_four_for_sma
         hw, threads, grid = prep(B)
         assert hw == want, (B, hw)
         assert threads == 128 and grid == -(-B * 16 * hw // 4), (B, grid)
+        assert prep(B, T=0)[0] == want and prep(B, T=2)[0] == 1, B  # a fold's prep as a step's; T >= 2: one warp
+    p = dict(SPEC.param_defaults, mode="prep", T=2, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
+             idx_dtype="int32")
+    p = {n: p[n] for n in SPEC.param_names}
+    t, _ = dispatch.select(SPEC, p, dict(B=1, H=16, HV=64, num_sms=132))
+    assert not SPEC.valid(p, dict(t, head_warps=4))  # a warp reads back its own earlier tokens' keys
     for mode, T in (("step", 1), ("fold", 0), ("step", 4), ("reset", 0)):
         p = dict(SPEC.param_defaults, mode=mode, T=T, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
                  idx_dtype="int32")

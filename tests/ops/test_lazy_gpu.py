@@ -195,12 +195,11 @@ CASES = [
                                                       ("tile_v", 32))),
     Case(K=64, V=256, T=4, sdt=bf, rdt=f32, B=6, spec=True, force=(("form", "rows"), ("lanes_per_row", 8),
                                                                    ("rows_per_lane", 2), ("tile_v", 64), ("window", 8))),
-    # the prep launch's warps an item: one for all its value heads (the rules' large batches), or 4 for fewer heads
+    # the prep launch's warps an item: one for all its value heads (the rules' large batches, and T >= 2), or 4
     Case(T=1, sdt=bf, rdt=bf, rep=4, B=5, null=0, force=(("head_warps", 1),)),
     Case(K=64, V=64, H=2, rep=3, T=1, B=6, force=(("head_warps", 1),)),
     Case(K=64, V=64, H=2, rep=3, T=2, sdt=bf, rdt=bf, B=4, force=(("form", "rows"), ("lanes_per_row", 8),
-                                                                   ("rows_per_lane", 4), ("tile_v", 16),
-                                                                   ("head_warps", 4))),
+                                                                   ("rows_per_lane", 4), ("tile_v", 16))),
 ]
 TILE_FORM = (("form", "tile"), ("lanes_per_row", 8), ("rows_per_lane", 1))
 
