@@ -75,7 +75,7 @@ class LazyCache(NamedTuple):
     ``k [slots, H, 32, K]`` (normalised keys) and ``u [slots, HV, 32, V]`` (corrections) in the ring dtype, ``g
     [slots, HV, 32]`` fp32 (cumulative log decay since the checkpoint), ``cursor [slots, 4]`` int32 (committed
     length, base row, pending rows, arrival count; zeros: an empty ring). Inner dims dense; the slot dim may be
-    strided. A leading layer dim is allowed for storage (:func:`lazy_cache` with ``layers``): pass
+    strided (k and u: bases and slot pitches 16-byte aligned). A leading layer dim is allowed for storage (:func:`lazy_cache` with ``layers``): pass
     ``cache.layer(i)`` per call.
     """
 
@@ -280,7 +280,7 @@ def check_rings(names: tuple, k_ring, u_ring, g_ring, slots: int, H: Optional[in
                 rows: int, device, dtypes=RING_DTYPES) -> int:
     """The three ring tensors, called ``names`` in messages: keys ``[slots, H, rows, K]``, corrections ``[slots, HV,
     rows, V]`` (the keys' dtype), log decays ``[slots, HV, rows]`` fp32; dims after the slot dim dense, the slot
-    pitch free (the keys': 16-byte aligned, as their base); returns H."""
+    pitch free (the keys' and corrections': 16-byte aligned, as their bases); returns H."""
     kn, un, gn = names
     for name, x, nd in ((kn, k_ring, 4), (un, u_ring, 4), (gn, g_ring, 3)):
         _v.tensor(name, x, nd)
@@ -299,7 +299,8 @@ def check_rings(names: tuple, k_ring, u_ring, g_ring, slots: int, H: Optional[in
         if tuple(x.stride()[1:]) != tuple(dense):
             raise ValueError(f"{name}: expected its dims after the slot dim dense (strides {dense}), got strides "
                              f"{x.stride()}")
-    _v.aligned(kn, k_ring, 16)  # a fold reads the key rows in 16-byte pieces
+    _v.aligned(kn, k_ring, 16)  # the kernels read the key rows in 16-byte pieces
+    _v.aligned(un, u_ring, 16)  # and the correction rows (the tile form's, staged as they are)
     return Hk
 
 

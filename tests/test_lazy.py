@@ -199,6 +199,10 @@ def test_empty_batch_and_fold_calls():
      "cache.k: data pointer must be 16-byte aligned"),
     (dict(cache=_cache_with(0, torch.zeros(S, H * 32 * K + 1)[:, :H * 32 * K].view(S, H, 32, K))),
      ValueError, "cache.k: stride of dim 0 must be a multiple of 16 bytes"),
+    (dict(cache=_cache_with(1, torch.zeros(S * HV * 32 * V + 1)[1:].view(S, HV, 32, V))), ValueError,
+     "cache.u: data pointer must be 16-byte aligned"),
+    (dict(cache=_cache_with(1, torch.zeros(S, HV * 32 * V + 1)[:, :HV * 32 * V].view(S, HV, 32, V))),
+     ValueError, "cache.u: stride of dim 0 must be a multiple of 16 bytes"),
     (dict(cache=_cache_with(3, torch.zeros(S, 4, dtype=torch.int64))), TypeError, "cache.cursor: expected dtype int32"),
     (dict(cache=_cache_with(3, torch.zeros(S, 3, dtype=i32))), ValueError, "cache.cursor: expected shape"),
     (dict(cache=_cache_with(3, torch.zeros(S, 8, dtype=i32)[:, ::2])), ValueError,
@@ -428,7 +432,45 @@ def test_the_tensor_core_fold_is_the_rules_bf16_plain_step_with_bf16_rings():
                dict(state_dtype="fp32", ring_dtype="fp32"), dict(mode="prep"), dict(T=4)):
         vals = chosen(**kw)
         assert not vals["mma_fold"], kw
-        assert vals["smem_bytes"] == vals["tables_smem"], kw
+        assert vals["smem_bytes"] == (vals["tile_smem"] if vals["form"] == "tile" else vals["tables_smem"]), kw
+        assert vals["smem_bytes"] <= vals["tables_smem"], kw
+
+
+def test_the_tile_form_takes_the_tensor_cores_for_a_16_bit_state():
+    """tile_mma (a step's dots on tensor cores) is on for the tile form with a bf16 / fp16 state and 16 rows a CTA or
+    more, not for an fp32 state, a reset or 8-row tiles; ring_mma (the window's part and the fold too, the window keys
+    kept 16-bit) only where the ring has the state's type. tile_smem is the kernel's layout: exactly the tiles, the
+    tables and the operands it asks for; tables_smem, which the constraint bounds, is never below it."""
+    def vals(tile_v=128, **kw):
+        p = dict(SPEC.param_defaults, mode="step", T=4, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
+                 idx_dtype="int32", pending=True)
+        p.update(kw)
+        p = {n: p[n] for n in SPEC.param_names}
+        t = dict(form="tile", tile_v=tile_v, lanes_per_row=8, rows_per_lane=1, window=16, head_warps=1)
+        assert SPEC.valid(p, t), (kw, t)
+        return Variant.make(SPEC, p, t, ARCH).values
+
+    for kw, tile_mma, ring_mma in ((dict(), True, True), (dict(state_dtype="fp16", ring_dtype="fp16"), True, True),
+                                   (dict(ring_dtype="fp32"), True, False), (dict(ring_dtype="fp16"), True, False),
+                                   (dict(state_dtype="fp32", ring_dtype="fp32"), False, False),
+                                   (dict(state_dtype="fp32", ring_dtype="bf16"), False, False),
+                                   (dict(tile_v=8), False, False), (dict(tile_v=16), True, True),
+                                   (dict(mode="fold", T=0, pending=False), True, True),
+                                   (dict(mode="reset", T=0, pending=False), False, False)):
+        v = vals(**kw)
+        assert (v["tile_mma"], v["ring_mma"]) == (tile_mma, ring_mma), kw
+        if kw.get("mode") == "reset":
+            continue
+        T, K, tv = v["T"], v["K"], v["tile_v"]
+        nxp = (2 * T + 7) // 8 * 8
+        kr = 16 * (K + 8) * 2 if ring_mma else 16 * (K + 4) * 4
+        ops = (2 * nxp * (K + 8) * 2 if T else 0) + ((16 * (tv + 8) * 2 + (2 * nxp * 24 * 2 if T else 0))
+                                                    if ring_mma else 0)
+        assert v["smem_bytes"] == (tv * (K * v["s_bytes"] + 16) + 2 * T * (K + 4) * 4 + kr + (4 * T + 16) * 4 +
+                                   v["gram_bytes"] + (ops if tile_mma else 0)), kw
+        assert v["gram_bytes"] % 16 == 0 and v["smem_bytes"] <= v["tables_smem"], kw
+    # the rules' speculative step at HV 64 B 512 (tile 128, T = 4): 4 CTAs an SM fit (56 KB of 227 each, 1 KB reserved)
+    assert vals()["smem_bytes"] + 1024 <= 228 * 1024 // 4
 
 
 def test_the_prep_launch_takes_a_warp_an_item_for_large_batches_and_four_for_small():
