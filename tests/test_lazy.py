@@ -385,8 +385,8 @@ def test_scratch_layout_matches_the_spec():
 
 def test_launches_follow_the_chosen_form(monkeypatch):
     """A step or fold the dispatcher gives the rows form is the prep launch (the same call, mode prep) and then the
-    call, sharing scratch_bytes; a speculative step in the tile form and a reset are one launch (RUNNER.variant, on a
-    stand-in H200 without loading anything)."""
+    call, sharing scratch_bytes; a speculative step in the tile form, a plain step at a small batch (tile form too)
+    and a reset are one launch (RUNNER.variant, on a stand-in H200 without loading anything)."""
     from gdnjit import runner
 
     monkeypatch.setattr(runner, "device_info", lambda i: runner.DeviceInfo(i, "NVIDIA H200", "sm_90", 132))
@@ -394,12 +394,14 @@ def test_launches_follow_the_chosen_form(monkeypatch):
     monkeypatch.setattr(runner.RUNNER, "get_launcher", lambda variant, i, config=None: object())
     runner.RUNNER.clear()
     try:
-        for call, forms in ((step(q=torch.zeros(B, 1, H, K, dtype=torch.bfloat16),
-                                  k=torch.zeros(B, 1, H, K, dtype=torch.bfloat16),
-                                  v=torch.zeros(B, 1, HV, V, dtype=torch.bfloat16),
-                                  a=torch.zeros(B, 1, HV, dtype=torch.bfloat16),
-                                  b=torch.zeros(B, 1, HV, dtype=torch.bfloat16))[1], ("prep", "step")),
-                            (fold(), ("prep", "fold")), (step()[1], ("step",)), (fold("reset"), ("reset",))):
+        def plain(b_):  # a T = 1 step of b_ rows
+            return step(q=torch.zeros(b_, 1, H, K, dtype=bf), k=torch.zeros(b_, 1, H, K, dtype=bf),
+                        v=torch.zeros(b_, 1, HV, V, dtype=bf), a=torch.zeros(b_, 1, HV, dtype=bf),
+                        b=torch.zeros(b_, 1, HV, dtype=bf), state_indices=torch.zeros(b_, dtype=i32))[1]
+
+        big = 4 * 132 // HV + 1  # B * HV past 4 per SM: the rows form
+        for call, forms in ((plain(big), ("prep", "step")), (plain(B), ("step",)), (fold(), ("prep", "fold")),
+                            (step()[1], ("step",)), (fold("reset"), ("reset",))):
             calls, nbytes = lazy.launches(call)
             assert tuple(c.params["mode"] for c in calls) == forms
             assert all({n: v for n, v in c.params.items() if n != "mode"} == {n: v for n, v in call.params.items()
@@ -407,7 +409,8 @@ def test_launches_follow_the_chosen_form(monkeypatch):
             assert calls[-1] is call and dict(runner.RUNNER.variant(call).tunables)["form"] == (
                 "rows" if len(calls) == 2 else "tile")
             p = call.params
-            assert nbytes == (lazy.scratch_bytes(B, H, HV, K, p["T"]) if len(calls) == 2 else 0)
+            rows = call.args["B"] if "B" in call.args else B
+            assert nbytes == (lazy.scratch_bytes(rows, H, HV, K, p["T"]) if len(calls) == 2 else 0)
     finally:
         runner.RUNNER.clear()
 
@@ -415,13 +418,14 @@ def test_launches_follow_the_chosen_form(monkeypatch):
 def test_the_tensor_core_fold_is_the_rules_bf16_plain_step_with_bf16_rings():
     """mma_fold (the fold's update as bf16 MMAs) is on exactly where its operands are exact in bf16 and a warp holds
     16 rows: the rules' plain step / fold for a bf16 state with bf16 rings; fp32 rings, an fp16 state and an fp32
-    state keep the fold on CUDA cores; the prep and the tile form have none. Each variant's shared memory follows."""
+    state keep the fold on CUDA cores; the prep and the tile form have none. Each variant's shared memory follows.
+    (At B 512: a small batch's plain step takes the tile form.)"""
     def chosen(**kw):
         p = dict(SPEC.param_defaults, mode="step", T=1, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
                  idx_dtype="int32")
         p.update(kw)
         p = {n: p[n] for n in SPEC.param_names}
-        t, _ = dispatch.select(SPEC, p, FACTS[0])
+        t, _ = dispatch.select(SPEC, p, FACTS[2])
         return Variant.make(SPEC, p, t, ARCH).values
 
     for kw in (dict(), dict(mode="fold", T=0), dict(K=64, V=64)):

@@ -3,11 +3,12 @@
     compute-sanitizer --tool memcheck  python3 tools/sanitize_lazy.py
     compute-sanitizer --tool racecheck python3 tools/sanitize_lazy.py
 
-gdnjit's own cursor: a plain step (T = 1: the rows form's prep and state launches) and speculative steps (T = 3,
-random accepted counts: the tile form) over a pool with gaps and a padding row, enough steps that every slot folds in a
-step, then a fold (rows form) and a reset; plain steps over enough rows that the prep launch takes a warp an item;
+gdnjit's own cursor: plain steps (T = 1) and speculative steps (T = 3, random accepted counts), both the tile form at
+this small batch, over a pool with gaps and a padding row, enough steps that every slot folds in a step, then a fold
+(rows form) and a reset; plain steps in the rows form (its prep and state launches) over enough rows for it (the prep's
+4 warps an item), then enough that the prep launch takes a warp an item;
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
-verify-only call, at T = 4 (tile form) and T = 1 (rows form). bf16 and fp32 states, small shapes (the sanitizer is
+verify-only call, at T = 4 and T = 1 (both the tile form at this batch). bf16 and fp32 states, small shapes (the sanitizer is
 slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
 when every call returned.
 """
@@ -42,9 +43,22 @@ def main() -> int:
             gdnjit.gated_delta_rule_lazy_reset(idx, cache)
         torch.cuda.synchronize()
         print(f"lazy step / fold / reset, {sdt}: ran")
-    # the prep launch's warp an item (8 items an SM or more; the loops above take its 4 warps an item): 2 plain steps
-    # and a fold over enough rows of 16 key heads, 2 value heads each
-    H2, B2 = 16, 8 * torch.cuda.get_device_properties(DEV).multi_processor_count // 16 + 1
+    # plain steps in the rows form (the loops above, a small batch, take the tile form): 2 plain steps and a fold over
+    # enough rows for it with the prep launch's 4 warps an item (below 8 items an SM), then over enough rows of 16 key
+    # heads, 2 value heads each, for its warp an item
+    sms = torch.cuda.get_device_properties(DEV).multi_processor_count
+    B3 = 4 * sms // HV + 1
+    pool = (r(B3, HV, V, K) * 0.1).bfloat16()
+    cache = gdnjit.lazy_cache(B3, H, HV, K, V, dtype=torch.bfloat16, device=DEV)
+    idx3 = torch.arange(B3, dtype=torch.int32, device=DEV)
+    for _ in range(2):
+        q, k = r(B3, 1, H, K).bfloat16(), r(B3, 1, H, K).bfloat16()
+        v, a, b = r(B3, 1, HV, V).bfloat16(), r(B3, 1, HV).bfloat16(), r(B3, 1, HV).bfloat16()
+        gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx3, cache)
+    gdnjit.gated_delta_rule_lazy_fold(pool, idx3, cache)
+    torch.cuda.synchronize()
+    print(f"lazy plain steps and a fold, {B3} rows x {H} key heads: ran")
+    H2, B2 = 16, 8 * sms // 16 + 1
     pool = (r(B2, 2 * H2, V, K) * 0.1).bfloat16()
     cache = gdnjit.lazy_cache(B2, H2, 2 * H2, K, V, dtype=torch.bfloat16, device=DEV)
     idx2 = torch.arange(B2, dtype=torch.int32, device=DEV)
@@ -55,7 +69,7 @@ def main() -> int:
     gdnjit.gated_delta_rule_lazy_fold(pool, idx2, cache)
     torch.cuda.synchronize()
     print(f"lazy plain steps and a fold, {B2} rows x {H2} key heads: ran")
-    # FlashInfer's calls at T = 4 (the tile form) and T = 1 (the rows form): rows 0 and 2 fold at T = 4 (hist_len >=
+    # FlashInfer's calls at T = 4 and T = 1 (the tile form at this batch): rows 0 and 2 fold at T = 4 (hist_len >=
     # flush_min = 13), row 2 at T = 1 (>= 16); bases that wrap the ring
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
     for T, rows, flush in ((4, 32, True), (4, 16, False), (1, 32, True), (1, 16, False)):

@@ -7,8 +7,8 @@ references of gdnjit/reference/lazy.py.
   outside a window is never read); odd batch sizes, pools with gaps, padding rows (negative, vLLM's null block 0),
   page-strided pools and rings, bf16 / fp16 inputs, fp32 / bf16 / fp16 states and rings, K / V 64..256, GQA 1, 2, 4,
   T 1..16, plain and speculative (accept counts -1..T+1: clamped); both kernel forms: each case as the rules give it
-  (rows for T <= 1 and folds, tile for T >= 2) and in the tile form, and the rows form at 4, 8 and 16 lanes a row,
-  1, 2, 4 rows a lane and T up to 4 (window 8 too).
+  (rows for T <= 1 and folds at large batches, tile for T >= 2 and small plain batches) and in the tile form, and
+  the rows form at 4, 8 and 16 lanes a row, 1, 2, 4 rows a lane and T up to 4 (window 8 too).
 - Folds at every window length P = 0..16 (in a step, and explicit), fold-only and reset calls.
 - A captured CUDA graph of a short loop (steps and a fold, two layers) gives the bits of the eager loop.
 - Long runs against float64 sequential decoding (the ground truth): 1000 plain T = 1 steps and 200 speculative steps
@@ -175,7 +175,8 @@ class Case:
 
 
 CASES = [
-    Case(T=1, B=37),
+    Case(T=1, B=37),  # the tile form by the rules (a small batch)
+    Case(T=1, B=37, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 2), ("tile_v", 16))),
     Case(rep=4, T=4, sdt=bf, rdt=bf, spec=True, null=0, idx_dt=i64, paged=True),
     Case(K=64, V=64, H=4, rep=1, T=2, in_dt=fp16, sdt=fp16, rdt=fp16, gate_dt=fp16, spec=True, B=3, out="fp32"),
     Case(K=256, V=128, H=1, T=8, rdt=bf, gate_dt=bf, null=0, B=7, out="same", paged=True),
@@ -196,8 +197,12 @@ CASES = [
     Case(K=64, V=256, T=4, sdt=bf, rdt=f32, B=6, spec=True, force=(("form", "rows"), ("lanes_per_row", 8),
                                                                    ("rows_per_lane", 2), ("tile_v", 64), ("window", 8))),
     # the prep launch's warps an item: one for all its value heads (the rules' large batches, and T >= 2), or 4
-    Case(T=1, sdt=bf, rdt=bf, rep=4, B=5, null=0, force=(("head_warps", 1),)),
-    Case(K=64, V=64, H=2, rep=3, T=1, B=6, force=(("head_warps", 1),)),
+    Case(T=1, sdt=bf, rdt=bf, rep=4, B=5, null=0, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 4),
+                                                         ("tile_v", 16), ("head_warps", 1))),
+    Case(K=64, V=64, H=2, rep=3, T=1, B=6, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 2),
+                                                  ("tile_v", 16), ("head_warps", 1))),
+    Case(K=64, V=64, H=2, rep=3, T=1, sdt=bf, rdt=bf, B=6, force=(("form", "rows"), ("lanes_per_row", 8),
+                                                                  ("rows_per_lane", 4), ("tile_v", 16))),
     Case(K=64, V=64, H=2, rep=3, T=2, sdt=bf, rdt=bf, B=4, force=(("form", "rows"), ("lanes_per_row", 8),
                                                                    ("rows_per_lane", 4), ("tile_v", 16))),
 ]
@@ -542,19 +547,22 @@ def _report(what, sdt, rdt, res) -> str:
     return line
 
 
-@pytest.mark.parametrize("kind", ["plain", "spec"])
+@pytest.mark.parametrize("kind", ["plain", "plain-rows", "spec"])
 @pytest.mark.parametrize("sdt,rdt", [(f32, f32), (bf, bf), (bf, f32)])
 def test_long_run_against_sequential_decoding(kind, sdt, rdt):
     """Long runs against float64 sequential decoding (the ground truth): 1000 plain T = 1 steps (a fold every 16
-    tokens), or 200 speculative steps of T = 4 drafts with random accept counts 0..4; then a final fold. The drifts
+    tokens; the rules give these 3 requests the tile form, `plain-rows` forces the rows form of large batches), or
+    200 speculative steps of T = 4 drafts with random accept counts 0..4; then a final fold. The drifts
     (max abs error / max abs reference) are printed, with a plain decode's over a pool of the same dtype
     (gated_delta_rule_decode_pretranspose; of the accepted tokens in the speculative run). fp32 state and rings:
     outputs and final state within 1e-5. bf16 state: the outputs drift less than the plain bf16 decode's (the state
     is rounded once per fold instead of once per token); with fp32 rings the final state too (with bf16 rings the
     rounding of every ring row's u and k costs about as much as the plain decode's per-token rounding of the state:
     printed, bounded, not ordered)."""
-    run = _plain_run if kind == "plain" else _spec_run
-    res = run(sdt, rdt, 11 if kind == "plain" else 23, plain=sdt != f32)
+    rows = dict(form="rows", lanes_per_row=8, rows_per_lane=2 if sdt == f32 else 4, tile_v=16)
+    with forcing(rows if kind == "plain-rows" else None):
+        run = _spec_run if kind == "spec" else _plain_run
+        res = run(sdt, rdt, 23 if kind == "spec" else 11, plain=sdt != f32)
     line = _report(f"lazy {kind} run", sdt, rdt, res)
     if sdt == f32:
         assert res["lazy_out"] < 1e-5 and res["lazy_state"] < 1e-5, line
