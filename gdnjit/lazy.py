@@ -30,8 +30,8 @@ Each slot may appear once per call (its ring rows and cursor are written once a 
 checks it.
 
 Launches: a plain step (T = 1) and a fold run the spec's rows form, a prep launch and then the state launch, sharing
-a scratch buffer allocated per call (:func:`scratch_bytes`); speculative steps the tile form, one launch (docs/design.md
-section 11; :func:`launches` asks the dispatcher).
+a scratch buffer allocated per call (:func:`scratch_bytes`); speculative steps and plain steps at small batches the
+tile form, one launch (docs/design.md section 11; :func:`launches` asks the dispatcher).
 
 All calls are graph capturable (no host reads of device values); a slot past the pool stops the kernel (trap).
 This module validates and builds the named calls of the ``gdn_lazy`` spec; :mod:`gdnjit.runner` does the rest.
