@@ -7,17 +7,28 @@ gdnjit's own cursor: plain steps (T = 1) and speculative steps (T = 3, random ac
 this small batch, over a pool with gaps and a padding row, enough steps that every slot folds in a step, then a fold
 (rows form) and a reset; plain steps in the rows form (its prep and state launches) over enough rows for it (the prep's
 4 warps an item), then enough that the prep launch takes a warp an item;
+the tile form of a 16-bit state and ring a chunk of 64 or 32 columns at a time (the rules stage the small batches' tiles
+whole), K 128: speculative steps, every slot folding, and a fold;
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
-verify-only call, at T = 4 and T = 1 (both the tile form at this batch). bf16 and fp32 states, small shapes (the sanitizer is
-slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
+verify-only call, at T = 4 and T = 1 (both the tile form at this batch), the flush also a chunk at a time. bf16 and fp32
+states, small shapes (the sanitizer is slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
 when every call returned.
 """
 
 from __future__ import annotations
 
+import os
+import sys
+
 import torch
 
 import gdnjit
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "ops"))
+from test_lazy_gpu import forcing  # noqa: E402  (the GPU tests' dispatcher override)
+
+# the tile form a chunk of 64 / 32 columns at a time
+CHUNKS = [dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, chunk_k=c, staged=False) for c in (64, 32)]
 
 DEV = "cuda"
 H, HV, K, V, B, S = 2, 4, 64, 64, 5, 9
@@ -69,10 +80,24 @@ def main() -> int:
     gdnjit.gated_delta_rule_lazy_fold(pool, idx2, cache)
     torch.cuda.synchronize()
     print(f"lazy plain steps and a fold, {B2} rows x {H2} key heads: ran")
+    pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
+    for force in CHUNKS:
+        cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.bfloat16, device=DEV)
+        acc = torch.zeros(B, dtype=torch.int32, device=DEV)
+        with forcing(force):
+            for _ in range(6):
+                q, k = r(B, 4, H, 128).bfloat16(), r(B, 4, H, 128).bfloat16()
+                v, a, b = r(B, 4, HV, 128).bfloat16(), r(B, 4, HV).bfloat16(), r(B, 4, HV).bfloat16()
+                gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
+                acc = torch.randint(2, 5, (B,), device=DEV, generator=g, dtype=torch.int32)
+            gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
+        torch.cuda.synchronize()
+        print(f"lazy speculative steps and a fold, {force['chunk_k']}-column chunks: ran")
     # FlashInfer's calls at T = 4 and T = 1 (the tile form at this batch): rows 0 and 2 fold at T = 4 (hist_len >=
     # flush_min = 13), row 2 at T = 1 (>= 16); bases that wrap the ring
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
-    for T, rows, flush in ((4, 32, True), (4, 16, False), (1, 32, True), (1, 16, False)):
+    for T, rows, flush, force in ((4, 32, True, None), (4, 32, True, CHUNKS[0]), (4, 32, True, CHUNKS[1]),
+                                  (4, 16, False, None), (1, 32, True, None), (1, 16, False, None)):
         q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
         v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
         kc = (r(S, H, rows, 128) * 0.05).bfloat16()
@@ -81,16 +106,18 @@ def main() -> int:
         if flush:
             hist = torch.tensor([13, 12, 16, 0, 5], dtype=torch.int32, device=DEV)
             base = torch.tensor([28, 5, 30, 0, 17], dtype=torch.int32, device=DEV)
-            gdnjit.gated_delta_rule_mtp_ucache_flush(A_log, a, dtb, q=q, k=k, v=v, b=b, initial_state_source=pool,
-                                                     initial_state_indices=idx, k_cache=kc, u_cache=uc, g_cache=gc,
-                                                     hist_len=hist, cache_base=base)
+            with forcing(force):
+                gdnjit.gated_delta_rule_mtp_ucache_flush(A_log, a, dtb, q=q, k=k, v=v, b=b, initial_state_source=pool,
+                                                         initial_state_indices=idx, k_cache=kc, u_cache=uc, g_cache=gc,
+                                                         hist_len=hist, cache_base=base)
         else:
             hist = torch.tensor([0, 5, 12, 12, 3], dtype=torch.int32, device=DEV)
             gdnjit.gated_delta_rule_mtp_ucache(A_log, a, dtb, q=q, k=k, v=v, b=b, initial_state_source=pool,
                                                initial_state_indices=idx, k_cache=kc, u_cache=uc, g_cache=gc,
                                                hist_len=hist)
         torch.cuda.synchronize()
-        print(f"FlashInfer u-cache {'verify+flush' if flush else 'verify only'}, T={T}: ran")
+        print(f"FlashInfer u-cache {'verify+flush' if flush else 'verify only'}, T={T}"
+              f"{'' if force is None else ', ' + str(force['chunk_k']) + '-column chunks'}: ran")
     print("OK")
     return 0
 
