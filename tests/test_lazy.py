@@ -445,13 +445,12 @@ def test_the_tile_form_takes_the_tensor_cores_for_a_16_bit_state():
     more, not for an fp32 state, a reset or 8-row tiles; ring_mma (the window's part and the fold too, the window keys
     kept 16-bit) only where the ring has the state's type. tile_smem is the kernel's layout: exactly the tiles, the
     tables and the operands it asks for; tables_smem, which the constraint bounds, is never below it."""
-    def vals(tile_v=128, staged=False, chunk_k=64, **kw):
+    def vals(tile_v=128, staged=False, **kw):
         p = dict(SPEC.param_defaults, mode="step", T=4, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
                  idx_dtype="int32", pending=True)
         p.update(kw)
         p = {n: p[n] for n in SPEC.param_names}
-        t = dict(form="tile", tile_v=tile_v, lanes_per_row=8, rows_per_lane=1, window=16, chunk_k=chunk_k, staged=staged,
-                 head_warps=1)
+        t = dict(form="tile", tile_v=tile_v, lanes_per_row=8, rows_per_lane=1, window=16, staged=staged, head_warps=1)
         assert SPEC.valid(p, t), (kw, t)
         return Variant.make(SPEC, p, t, ARCH).values
 
@@ -462,8 +461,6 @@ def test_the_tile_form_takes_the_tensor_cores_for_a_16_bit_state():
                                    (dict(tile_v=8), False, False), (dict(tile_v=16), True, True),
                                    (dict(mode="fold", T=0, pending=False), True, True),
                                    (dict(staged=True), True, True), (dict(staged=True, T=1, pending=False), True, True),
-                                   (dict(chunk_k=32), True, True), (dict(chunk_k=32, T=8), True, True),
-                                   (dict(chunk_k=32, mode="fold", T=0, pending=False), True, True),
                                    (dict(staged=True, mode="fold", T=0, pending=False), True, True),
                                    (dict(mode="reset", T=0, pending=False), False, False)):
         v = vals(**kw)
@@ -477,7 +474,7 @@ def test_the_tile_form_takes_the_tensor_cores_for_a_16_bit_state():
                                                     if ring_mma else 0)
         # ring_mma: a buffer of 64-column chunks of the state, no fp32 vectors, one Gram table; else the staged tile,
         # the fp32 vectors and the warps' partial Grams
-        state = ((K // 64 if kw.get("staged") else 1) * tv * kw.get("chunk_k", 64) * 2 if ring_mma else
+        state = ((K // 64 if kw.get("staged") else 1) * tv * 64 * 2 if ring_mma else
                  tv * (K * v["s_bytes"] + 16) + 2 * T * (K + 4) * 4)
         grams = (1 if ring_mma else v["threads"] // 32) * (16 + T) * 2 * T * 4
         assert v["gram_bytes"] == (grams + 2 * T * (16 + T) * 4 + 15) // 16 * 16, kw
@@ -487,24 +484,16 @@ def test_the_tile_form_takes_the_tensor_cores_for_a_16_bit_state():
         # as T's registers allow (128 threads: 64 registers at 8 CTAs, 80 at 6, 96 at 5, 128 at 4: no spills)
         regs = 8 if T <= 4 else 6 if T <= 6 else 5 if T <= 8 else 4
         assert v["min_ctas"] == (min(regs, 228 * 1024 // (v["smem_bytes"] + 1024)) if ring_mma else 1), kw
-    # 64-column chunks: 7 CTAs an SM at T = 4 (as FlashInfer's u-cache kernel), 5 at T = 8; the rules' large batches'
-    # 32-column chunks: 8 at T = 4
+    # 7 CTAs an SM at T = 4 (as FlashInfer's u-cache kernel), 5 at T = 8
     assert vals()["min_ctas"] == 7 and vals(T=8)["min_ctas"] == 5
-    assert vals(chunk_k=32)["min_ctas"] == 8 and vals(chunk_k=32, T=8)["min_ctas"] == 5
     # staged only for ring_mma with more than one chunk
     p = dict(SPEC.param_defaults, mode="step", T=4, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
              idx_dtype="int32", pending=True)
-    t = dict(form="tile", tile_v=128, lanes_per_row=8, rows_per_lane=1, window=16, chunk_k=64, staged=True,
-             head_warps=1)
-    assert SPEC.valid(p, t) and SPEC.valid(p, dict(t, chunk_k=32, staged=False))
+    t = dict(form="tile", tile_v=128, lanes_per_row=8, rows_per_lane=1, window=16, staged=True, head_warps=1)
+    assert SPEC.valid(p, t) and SPEC.valid(p, dict(t, staged=False))
     for kw in (dict(ring_dtype="fp32"), dict(state_dtype="fp32", ring_dtype="fp32"), dict(K=64), dict(mode="reset")):
         assert not SPEC.valid(dict(p, **kw), t), kw
     assert not SPEC.valid(p, dict(t, form="rows", lanes_per_row=8, rows_per_lane=4, tile_v=16))
-    assert not SPEC.valid(p, dict(t, chunk_k=32))  # staged tiles take 64-column chunks
-    # 32-column chunks: ring_mma only
-    u = dict(t, chunk_k=32, staged=False)
-    for kw in (dict(ring_dtype="fp32"), dict(state_dtype="fp32", ring_dtype="fp32"), dict(mode="reset")):
-        assert not SPEC.valid(dict(p, **kw), u), kw
 
 
 def test_the_prep_launch_takes_a_warp_an_item_for_large_batches_and_four_for_small():
@@ -542,23 +531,22 @@ def test_the_prep_launch_takes_a_warp_an_item_for_large_batches_and_four_for_sma
         assert not SPEC.valid(p, dict(t, head_warps=4)), mode
 
 
-def test_the_rules_chunk_the_tile_by_batch():
-    """A 16-bit state and ring in the tile form (ring_mma): 32-column chunks from 8 CTAs an SM (HV 64: B >= 17), 64
-    below; the whole tile staged at about a CTA an SM (B * HV <= the SMs); other dtypes keep 64 and no staging."""
+def test_the_rules_stage_the_tile_for_the_smallest_grids():
+    """A 16-bit state and ring in the tile form (ring_mma): a 64-column chunk at a time, the whole tile staged at about
+    a CTA an SM (B * HV <= the SMs); other dtypes, and one chunk (K 64), no staging."""
     facts = lambda B: dict(B=B, H=16, HV=64, num_sms=132)  # noqa: E731
     p = {n: dict(SPEC.param_defaults, mode="step", T=4, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
                  idx_dtype="int32", pending=True)[n] for n in SPEC.param_names}
 
     def pick(B, **kw):
         t, _ = dispatch.select(SPEC, dict(p, **kw), facts(B))
-        return t["form"], t["tile_v"], t["chunk_k"], t["staged"]
+        return t["form"], t["tile_v"], t["staged"]
 
-    assert pick(512) == pick(17) == ("tile", 128, 32, False)
-    assert pick(16) == pick(8) == ("tile", 128, 64, False)
-    assert pick(2) == pick(1) == ("tile", 32, 64, True)
-    assert pick(1, T=1, pending=False) == ("tile", 128, 64, True)
-    assert pick(8, T=1, pending=False) == ("tile", 128, 64, False)
+    assert pick(512) == pick(8) == ("tile", 128, False)
+    assert pick(2) == pick(1) == ("tile", 32, True)
+    assert pick(1, T=1, pending=False) == ("tile", 128, True)
+    assert pick(8, T=1, pending=False) == ("tile", 128, False)
     for kw in (dict(ring_dtype="fp32"), dict(state_dtype="fp32", ring_dtype="fp32")):
-        assert pick(512, **kw) == ("tile", 128, 64, False), kw
-        assert pick(1, **kw) == ("tile", 32, 64, False), kw
-    assert pick(1, K=64, V=64) == ("tile", 32, 64, False)  # one chunk: nothing to stage
+        assert pick(512, **kw) == ("tile", 128, False), kw
+        assert pick(1, **kw) == ("tile", 32, False), kw
+    assert pick(1, K=64, V=64) == ("tile", 32, False)  # one chunk: nothing to stage

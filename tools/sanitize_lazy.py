@@ -7,8 +7,8 @@ gdnjit's own cursor: plain steps (T = 1) and speculative steps (T = 3, random ac
 this small batch, over a pool with gaps and a padding row, enough steps that every slot folds in a step, then a fold
 (rows form) and a reset; plain steps in the rows form (its prep and state launches) over enough rows for it (the prep's
 4 warps an item), then enough that the prep launch takes a warp an item;
-the tile form of a 16-bit state and ring a chunk of 64 or 32 columns at a time (the rules stage the small batches' tiles
-whole), K 128: speculative steps, every slot folding, and a fold;
+the tile form of a 16-bit state and ring a 64-column chunk at a time (the rules stage the small batches' tiles whole),
+K 128: speculative steps, every slot folding, and a fold;
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
 verify-only call, at T = 4 and T = 1 (both the tile form at this batch), the flush also a chunk at a time. bf16 and fp32
 states, small shapes (the sanitizer is slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
@@ -27,8 +27,8 @@ import gdnjit
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests", "ops"))
 from test_lazy_gpu import forcing  # noqa: E402  (the GPU tests' dispatcher override)
 
-# the tile form a chunk of 64 / 32 columns at a time
-CHUNKS = [dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, chunk_k=c, staged=False) for c in (64, 32)]
+# the tile form a 64-column chunk at a time
+CHUNKED = dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, staged=False)
 
 DEV = "cuda"
 H, HV, K, V, B, S = 2, 4, 64, 64, 5, 9
@@ -81,23 +81,22 @@ def main() -> int:
     torch.cuda.synchronize()
     print(f"lazy plain steps and a fold, {B2} rows x {H2} key heads: ran")
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
-    for force in CHUNKS:
-        cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.bfloat16, device=DEV)
-        acc = torch.zeros(B, dtype=torch.int32, device=DEV)
-        with forcing(force):
-            for _ in range(6):
-                q, k = r(B, 4, H, 128).bfloat16(), r(B, 4, H, 128).bfloat16()
-                v, a, b = r(B, 4, HV, 128).bfloat16(), r(B, 4, HV).bfloat16(), r(B, 4, HV).bfloat16()
-                gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
-                acc = torch.randint(2, 5, (B,), device=DEV, generator=g, dtype=torch.int32)
-            gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
-        torch.cuda.synchronize()
-        print(f"lazy speculative steps and a fold, {force['chunk_k']}-column chunks: ran")
+    cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.bfloat16, device=DEV)
+    acc = torch.zeros(B, dtype=torch.int32, device=DEV)
+    with forcing(CHUNKED):
+        for _ in range(6):
+            q, k = r(B, 4, H, 128).bfloat16(), r(B, 4, H, 128).bfloat16()
+            v, a, b = r(B, 4, HV, 128).bfloat16(), r(B, 4, HV).bfloat16(), r(B, 4, HV).bfloat16()
+            gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
+            acc = torch.randint(2, 5, (B,), device=DEV, generator=g, dtype=torch.int32)
+        gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
+    torch.cuda.synchronize()
+    print("lazy speculative steps and a fold, a chunk at a time: ran")
     # FlashInfer's calls at T = 4 and T = 1 (the tile form at this batch): rows 0 and 2 fold at T = 4 (hist_len >=
     # flush_min = 13), row 2 at T = 1 (>= 16); bases that wrap the ring
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
-    for T, rows, flush, force in ((4, 32, True, None), (4, 32, True, CHUNKS[0]), (4, 32, True, CHUNKS[1]),
-                                  (4, 16, False, None), (1, 32, True, None), (1, 16, False, None)):
+    for T, rows, flush, force in ((4, 32, True, None), (4, 32, True, CHUNKED), (4, 16, False, None),
+                                  (1, 32, True, None), (1, 16, False, None)):
         q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
         v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
         kc = (r(S, H, rows, 128) * 0.05).bfloat16()
@@ -117,7 +116,7 @@ def main() -> int:
                                                hist_len=hist)
         torch.cuda.synchronize()
         print(f"FlashInfer u-cache {'verify+flush' if flush else 'verify only'}, T={T}"
-              f"{'' if force is None else ', ' + str(force['chunk_k']) + '-column chunks'}: ran")
+              f"{'' if force is None else ', a chunk at a time'}: ran")
     print("OK")
     return 0
 

@@ -220,15 +220,6 @@ CASES += [
          force=(("form", "tile"), ("lanes_per_row", 8), ("rows_per_lane", 1), ("tile_v", 64), ("staged", True))),
     Case(K=128, V=128, H=1, rep=4, T=8, sdt=bf, rdt=bf, spec=True, B=3, idx_dt=i64,
          force=(("form", "tile"), ("lanes_per_row", 8), ("rows_per_lane", 1), ("tile_v", 128), ("staged", True))),
-    # 32-column chunks (the rules' large batches): 4 chunks at K 128, 8 at K 256, 2 at K 64
-    Case(rep=4, T=4, sdt=bf, rdt=bf, spec=True, B=6, force=(("staged", False), ("chunk_k", 32))),
-    Case(K=256, V=128, H=1, rep=2, T=5, sdt=bf, rdt=bf, spec=True, B=5, null=0,
-         force=(("form", "tile"), ("lanes_per_row", 8), ("rows_per_lane", 1), ("tile_v", 128), ("chunk_k", 32),
-                ("staged", False))),
-    Case(K=64, V=64, H=2, rep=2, T=7, in_dt=fp16, sdt=fp16, rdt=fp16, B=4, paged=True, out="fp32",
-         force=(("form", "tile"), ("lanes_per_row", 8), ("rows_per_lane", 1), ("tile_v", 32), ("chunk_k", 32),
-                ("staged", False))),
-    Case(T=1, sdt=bf, rdt=bf, B=37, force=(("staged", False), ("chunk_k", 32))),
 ]
 TILE_FORM = (("form", "tile"), ("lanes_per_row", 8), ("rows_per_lane", 1))
 
@@ -595,15 +586,14 @@ def test_long_run_against_sequential_decoding(kind, sdt, rdt):
     assert res["lazy_state"] < (res["plain_state"] if rdt == f32 else 2e-2), line
 
 
-@pytest.mark.parametrize("chunk_k", [64, 32])
 @pytest.mark.parametrize("kind", ["plain", "spec"])
-def test_long_run_a_chunk_at_a_time(kind, chunk_k):
-    """The long runs above with a bf16 state and rings in the tile form a chunk of 64 or 32 columns at a time (the
-    rules stage these 3 requests' tiles whole): the same bounds."""
-    with forcing(dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, chunk_k=chunk_k, staged=False)):
+def test_long_run_a_chunk_at_a_time(kind):
+    """The long runs above with a bf16 state and rings in the tile form a 64-column chunk at a time (the rules stage
+    these 3 requests' tiles whole): the same bounds."""
+    with forcing(dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, staged=False)):
         run = _spec_run if kind == "spec" else _plain_run
         res = run(bf, bf, 23 if kind == "spec" else 11, plain=True)
-    line = _report(f"lazy {kind} run, {chunk_k}-column chunks", bf, bf, res)
+    line = _report(f"lazy {kind} run, a chunk at a time", bf, bf, res)
     assert res["lazy_out"] < res["plain_out"], line
     assert res["lazy_state"] < 2e-2, line
 
@@ -686,11 +676,10 @@ def test_ucache_flush_matches_flashinfer_semantics(K, V, rep, T, sdt, rdt, resta
     assert live
 
 
-@pytest.mark.parametrize("chunk_k", [64, 32])
-def test_folds_and_flashinfers_flush_a_chunk_at_a_time(chunk_k):
-    """The fold-at-every-window-length and FlashInfer-flush tests above (16-bit state and rings) with the tile a chunk
-    of 64 or 32 columns at a time, as the rules give large batches (their small ones stage the tile whole)."""
-    with forcing(dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, chunk_k=chunk_k, staged=False)):
+def test_folds_and_flashinfers_flush_a_chunk_at_a_time():
+    """The fold-at-every-window-length and FlashInfer-flush tests above (16-bit state and rings) with the tile a
+    64-column chunk at a time, as the rules give large batches (their small ones stage the tile whole)."""
+    with forcing(dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, staged=False)):
         test_fold_at_every_window_length(5, True, bf)
         test_fold_at_every_window_length(12, False, fp16)
         test_ucache_flush_matches_flashinfer_semantics(128, 128, 2, 4, bf, bf, True, None)
