@@ -49,11 +49,14 @@ every row, so a run cut short keeps what it measured) and DIR/lazy.md. --budget-
 that many seconds (the device's commands are limited to 10 minutes; --fi-only runs the FlashInfer side alone).
 --dry-run (no GPU): builds one small input set on the CPU and prints the planned rows, fold rates and floors.
 
-FlashInfer on the GPU machine (not a dependency of gdnjit): `flashinfer` 0.7.2.post1 and `nvidia-cutlass-dsl` (cu13
-libs) importable, e.g. wheels carried in an ignored folder and installed with
-`python3 -m pip install -q --no-index --no-deps --target /tmp/site <wheels>`, then
-`PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages`. The worker drops GDN_UCACHE_{IO,STATE,RING}
-_DTYPE from its environment, so FlashInfer's module is the bf16 one.
+FlashInfer on the GPU machine (not a dependency of gdnjit): `flashinfer.gdn_kernels.gated_delta_rule_mtp_ucache_flush`
+(0.7.2.post1) and `nvidia-cutlass-dsl` 4.8.1 (libs base, core, cu13) importable, e.g. wheels carried in an ignored
+folder and installed with `python3 -m pip install -q --no-index --no-deps --target /tmp/site <wheels>`, then
+`PYTHONPATH=$PWD:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages`. The u-cache module needs only its own file and
+`gdn_kernels/device_target.py` (a two-file package does); the cu13 libs' two large shared objects (193 + 44 MB) exceed
+one device call's carry even as a wheel, but xz-compressed (50 + 13 MB) they go over two back-to-back calls (an ignored
+path stays on a warm machine; session 47, docs/bench/2026-11-29-h200-s47-lazy.txt). The worker drops
+GDN_UCACHE_{IO,STATE,RING}_DTYPE from its environment, so FlashInfer's module is the bf16 one.
 """
 
 from __future__ import annotations
