@@ -470,8 +470,9 @@ def test_the_tile_form_takes_the_tensor_cores_for_a_16_bit_state():
         T, K, tv = v["T"], v["K"], v["tile_v"]
         nxp = (2 * T + 7) // 8 * 8
         kr = 16 * (K + 8) * 2 if ring_mma else 16 * (K + 4) * 4
-        ops = (2 * nxp * (K + 8) * 2 if T else 0) + ((16 * (tv + 8) * 2 + (2 * nxp * 24 * 2 if T else 0))
-                                                    if ring_mma else 0)
+        # the vectors' hi and lo rows (ring_mma: no lo rows for the n-tiles of keys alone: a key as the ring holds it)
+        xh = (2 * nxp - (T // 8 * 8 if ring_mma else 0)) * (K + 8) * 2
+        ops = (xh if T else 0) + ((16 * (tv + 8) * 2 + (2 * nxp * 24 * 2 if T else 0)) if ring_mma else 0)
         # ring_mma: a buffer of 64-column chunks of the state, no fp32 vectors, one Gram table; else the staged tile,
         # the fp32 vectors and the warps' partial Grams
         state = ((K // 64 if kw.get("staged") else 1) * tv * 64 * 2 if ring_mma else
@@ -481,11 +482,13 @@ def test_the_tile_form_takes_the_tensor_cores_for_a_16_bit_state():
         assert v["smem_bytes"] == (state + kr + (4 * T + 16) * 4 + v["gram_bytes"] + (ops if tile_mma else 0)), kw
         assert v["gram_bytes"] % 16 == 0 and v["smem_bytes"] <= v["tables_smem"], kw
         # the launch bounds ask for as many CTAs an SM as the shared memory holds (228 KB, 1 KB reserved each), as far
-        # as T's registers allow (128 threads: 64 registers at 8 CTAs, 80 at 6, 96 at 5, 128 at 4: no spills)
-        regs = 8 if T <= 4 else 6 if T <= 6 else 5 if T <= 8 else 4
+        # as T's registers allow (128 threads: 64 registers at 8 CTAs, 80 at 6, 128 at 4: no spills)
+        regs = 8 if T <= 4 else 6 if T <= 8 else 4
         assert v["min_ctas"] == (min(regs, 228 * 1024 // (v["smem_bytes"] + 1024)) if ring_mma else 1), kw
-    # 7 CTAs an SM at T = 4 (as FlashInfer's u-cache kernel), 5 at T = 8
-    assert vals()["min_ctas"] == 7 and vals(T=8)["min_ctas"] == 5
+    # 7 CTAs an SM at T = 4 (as FlashInfer's u-cache kernel), 6 at T = 8 (its keys taken late: late_keys)
+    assert vals()["min_ctas"] == 7 and vals(T=8)["min_ctas"] == 6
+    assert not vals()["late_keys"] and vals(T=8)["late_keys"] and not vals(T=8, staged=True)["late_keys"]
+    assert not vals(T=8, ring_dtype="fp32")["late_keys"]
     # staged only for ring_mma with more than one chunk
     p = dict(SPEC.param_defaults, mode="step", T=4, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
              idx_dtype="int32", pending=True)
@@ -533,7 +536,8 @@ def test_the_prep_launch_takes_a_warp_an_item_for_large_batches_and_four_for_sma
 
 def test_the_rules_stage_the_tile_for_the_smallest_grids():
     """A 16-bit state and ring in the tile form (ring_mma): a 64-column chunk at a time, the whole tile staged at about
-    a CTA an SM (B * HV <= the SMs); other dtypes, and one chunk (K 64), no staging."""
+    a CTA an SM (B * HV <= the SMs), and past T = 4 at up to 4 CTAs of 128 rows an SM; other dtypes, and one chunk
+    (K 64), no staging."""
     facts = lambda B: dict(B=B, H=16, HV=64, num_sms=132)  # noqa: E731
     p = {n: dict(SPEC.param_defaults, mode="step", T=4, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
                  idx_dtype="int32", pending=True)[n] for n in SPEC.param_names}
@@ -544,6 +548,10 @@ def test_the_rules_stage_the_tile_for_the_smallest_grids():
 
     assert pick(512) == pick(8) == ("tile", 128, False)
     assert pick(2) == pick(1) == ("tile", 32, True)
+    # past T = 4 the whole tile staged up to 4 CTAs an SM too (the 6-CTA launch bounds' registers show there)
+    assert pick(512, T=8) == pick(9, T=8) == ("tile", 128, False)
+    assert pick(8, T=8) == pick(5, T=6) == ("tile", 128, True)
+    assert pick(1, T=8) == ("tile", 32, True)
     assert pick(1, T=1, pending=False) == ("tile", 128, True)
     assert pick(8, T=1, pending=False) == ("tile", 128, False)
     for kw in (dict(ring_dtype="fp32"), dict(state_dtype="fp32", ring_dtype="fp32")):

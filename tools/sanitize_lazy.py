@@ -8,10 +8,10 @@ this small batch, over a pool with gaps and a padding row, enough steps that eve
 (rows form) and a reset; plain steps in the rows form (its prep and state launches) over enough rows for it (the prep's
 4 warps an item), then enough that the prep launch takes a warp an item;
 the tile form of a 16-bit state and ring a 64-column chunk at a time (the rules stage the small batches' tiles whole),
-K 128: speculative steps, every slot folding, and a fold;
+K 128: speculative steps at T = 4 and 8, every slot folding, and a fold;
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
-verify-only call, at T = 4 and T = 1 (both the tile form at this batch), the flush also a chunk at a time. bf16 and fp32
-states, small shapes (the sanitizer is slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
+verify-only call, at T = 4 and T = 1 (both the tile form at this batch), the flush also a chunk at a time (T = 4,
+8). bf16 and fp32 states, small shapes (the sanitizer is slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
 when every call returned.
 """
 
@@ -83,20 +83,23 @@ def main() -> int:
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
     cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.bfloat16, device=DEV)
     acc = torch.zeros(B, dtype=torch.int32, device=DEV)
-    with forcing(CHUNKED):
-        for _ in range(6):
-            q, k = r(B, 4, H, 128).bfloat16(), r(B, 4, H, 128).bfloat16()
-            v, a, b = r(B, 4, HV, 128).bfloat16(), r(B, 4, HV).bfloat16(), r(B, 4, HV).bfloat16()
-            gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
-            acc = torch.randint(2, 5, (B,), device=DEV, generator=g, dtype=torch.int32)
-        gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
-    torch.cuda.synchronize()
-    print("lazy speculative steps and a fold, a chunk at a time: ran")
+    for T in (4, 8):  # T 8: the window's keys after chunk 0's dots (late_keys)
+        cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.bfloat16, device=DEV)
+        acc = torch.zeros(B, dtype=torch.int32, device=DEV)
+        with forcing(CHUNKED):
+            for _ in range(6):
+                q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
+                v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
+                gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
+                acc = torch.randint(T // 2, T + 1, (B,), device=DEV, generator=g, dtype=torch.int32)
+            gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
+        torch.cuda.synchronize()
+        print(f"lazy speculative steps (T={T}) and a fold, a chunk at a time: ran")
     # FlashInfer's calls at T = 4 and T = 1 (the tile form at this batch): rows 0 and 2 fold at T = 4 (hist_len >=
     # flush_min = 13), row 2 at T = 1 (>= 16); bases that wrap the ring
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
-    for T, rows, flush, force in ((4, 32, True, None), (4, 32, True, CHUNKED), (4, 16, False, None),
-                                  (1, 32, True, None), (1, 16, False, None)):
+    for T, rows, flush, force in ((4, 32, True, None), (4, 32, True, CHUNKED), (8, 32, True, CHUNKED),
+                                  (4, 16, False, None), (1, 32, True, None), (1, 16, False, None)):
         q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
         v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
         kc = (r(S, H, rows, 128) * 0.05).bfloat16()
