@@ -415,11 +415,11 @@ def test_launches_follow_the_chosen_form(monkeypatch):
         runner.RUNNER.clear()
 
 
-def test_the_tensor_core_fold_is_the_rules_bf16_plain_step_with_bf16_rings():
+def test_the_tensor_core_fold_is_the_rules_bf16_fold_with_bf16_rings():
     """mma_fold (the fold's update as bf16 MMAs) is on exactly where its operands are exact in bf16 and a warp holds
-    16 rows: the rules' plain step / fold for a bf16 state with bf16 rings; fp32 rings, an fp16 state and an fp32
-    state keep the fold on CUDA cores; the prep and the tile form have none. Each variant's shared memory follows.
-    (At B 512: a small batch's plain step takes the tile form.)"""
+    16 rows: the rules' fold for a bf16 state with bf16 rings; fp32 rings, an fp16 state and an fp32 state keep the
+    fold on CUDA cores; the prep and the tile form have none. Each variant's shared memory follows. (At B 512: a plain
+    step with a 16-bit state and ring takes the tile form a chunk at a time (v63), as a small batch's does.)"""
     def chosen(**kw):
         p = dict(SPEC.param_defaults, mode="step", T=1, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
                  idx_dtype="int32")
@@ -428,10 +428,14 @@ def test_the_tensor_core_fold_is_the_rules_bf16_plain_step_with_bf16_rings():
         t, _ = dispatch.select(SPEC, p, FACTS[2])
         return Variant.make(SPEC, p, t, ARCH).values
 
-    for kw in (dict(), dict(mode="fold", T=0), dict(K=64, V=64)):
+    for kw in (dict(mode="fold", T=0), dict(mode="fold", T=0, K=64, V=64), dict(ring_dtype="fp32", mode="fold", T=0)):
         vals = chosen(**kw)
-        assert vals["mma_fold"] and vals["form"] == "rows", kw
-        assert vals["smem_bytes"] == vals["threads"] // 32 * 16 * 72 * 4, kw
+        assert vals["mma_fold"] == ("ring_dtype" not in kw) and vals["form"] == "rows", kw
+        if vals["mma_fold"]:
+            assert vals["smem_bytes"] == vals["threads"] // 32 * 16 * 72 * 4, kw
+    for kw in (dict(), dict(K=64, V=64), dict(state_dtype="fp16", ring_dtype="fp16")):
+        vals = chosen(**kw)
+        assert vals["form"] == "tile" and vals["ring_mma"] and not vals["staged"], kw
     for kw in (dict(ring_dtype="fp32"), dict(state_dtype="fp16", ring_dtype="fp16"),
                dict(state_dtype="fp32", ring_dtype="fp32"), dict(mode="prep"), dict(T=4)):
         vals = chosen(**kw)

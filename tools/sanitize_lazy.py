@@ -5,8 +5,8 @@
 
 gdnjit's own cursor: plain steps (T = 1) and speculative steps (T = 3, random accepted counts), both the tile form at
 this small batch, over a pool with gaps and a padding row, enough steps that every slot folds in a step, then a fold
-(rows form) and a reset; plain steps in the rows form (its prep and state launches) over enough rows for it (the prep's
-4 warps an item), then enough that the prep launch takes a warp an item;
+(rows form) and a reset; plain steps in the rows form (forced: its prep and state launches) over enough rows for the
+prep's 4 warps an item, then enough that the prep launch takes a warp an item, and those as the rules give them;
 the tile form of a 16-bit state and ring a 64-column chunk at a time (the rules stage the small batches' tiles whole),
 K 128: speculative steps at T = 4 and 8, every slot folding, and a fold;
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
@@ -29,6 +29,8 @@ from test_lazy_gpu import forcing  # noqa: E402  (the GPU tests' dispatcher over
 
 # the tile form a 64-column chunk at a time
 CHUNKED = dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, staged=False)
+# the rows form of a bf16 state (the rules give it folds, and plain steps with fp32 rings)
+ROWS = dict(form="rows", lanes_per_row=8, rows_per_lane=4, tile_v=16)
 
 DEV = "cuda"
 H, HV, K, V, B, S = 2, 4, 64, 64, 5, 9
@@ -54,32 +56,41 @@ def main() -> int:
             gdnjit.gated_delta_rule_lazy_reset(idx, cache)
         torch.cuda.synchronize()
         print(f"lazy step / fold / reset, {sdt}: ran")
-    # plain steps in the rows form (the loops above, a small batch, take the tile form): 2 plain steps and a fold over
-    # enough rows for it with the prep launch's 4 warps an item (below 8 items an SM), then over enough rows of 16 key
-    # heads, 2 value heads each, for its warp an item
+    # plain steps in the rows form (forced: the rules give a bf16 state and ring's plain steps the tile form): 2 plain
+    # steps and a fold over enough rows for the prep launch's 4 warps an item (below 8 items an SM), then over enough
+    # rows of 16 key heads, 2 value heads each, for its warp an item
     sms = torch.cuda.get_device_properties(DEV).multi_processor_count
     B3 = 4 * sms // HV + 1
     pool = (r(B3, HV, V, K) * 0.1).bfloat16()
     cache = gdnjit.lazy_cache(B3, H, HV, K, V, dtype=torch.bfloat16, device=DEV)
     idx3 = torch.arange(B3, dtype=torch.int32, device=DEV)
-    for _ in range(2):
-        q, k = r(B3, 1, H, K).bfloat16(), r(B3, 1, H, K).bfloat16()
-        v, a, b = r(B3, 1, HV, V).bfloat16(), r(B3, 1, HV).bfloat16(), r(B3, 1, HV).bfloat16()
-        gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx3, cache)
-    gdnjit.gated_delta_rule_lazy_fold(pool, idx3, cache)
+    with forcing(ROWS):
+        for _ in range(2):
+            q, k = r(B3, 1, H, K).bfloat16(), r(B3, 1, H, K).bfloat16()
+            v, a, b = r(B3, 1, HV, V).bfloat16(), r(B3, 1, HV).bfloat16(), r(B3, 1, HV).bfloat16()
+            gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx3, cache)
+        gdnjit.gated_delta_rule_lazy_fold(pool, idx3, cache)
     torch.cuda.synchronize()
-    print(f"lazy plain steps and a fold, {B3} rows x {H} key heads: ran")
+    print(f"lazy plain steps and a fold, rows form, {B3} rows x {H} key heads: ran")
     H2, B2 = 16, 8 * sms // 16 + 1
     pool = (r(B2, 2 * H2, V, K) * 0.1).bfloat16()
     cache = gdnjit.lazy_cache(B2, H2, 2 * H2, K, V, dtype=torch.bfloat16, device=DEV)
     idx2 = torch.arange(B2, dtype=torch.int32, device=DEV)
+    with forcing(ROWS):
+        for _ in range(2):
+            q, k = r(B2, 1, H2, K).bfloat16(), r(B2, 1, H2, K).bfloat16()
+            v, a, b = r(B2, 1, 2 * H2, V).bfloat16(), r(B2, 1, 2 * H2).bfloat16(), r(B2, 1, 2 * H2).bfloat16()
+            gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log.repeat(8), a, dtb.repeat(8), b, pool, idx2, cache)
+        gdnjit.gated_delta_rule_lazy_fold(pool, idx2, cache)
+    torch.cuda.synchronize()
+    print(f"lazy plain steps and a fold, rows form, {B2} rows x {H2} key heads: ran")
+    # the same plain steps as the rules give them: the tile form a chunk at a time
     for _ in range(2):
         q, k = r(B2, 1, H2, K).bfloat16(), r(B2, 1, H2, K).bfloat16()
         v, a, b = r(B2, 1, 2 * H2, V).bfloat16(), r(B2, 1, 2 * H2).bfloat16(), r(B2, 1, 2 * H2).bfloat16()
         gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log.repeat(8), a, dtb.repeat(8), b, pool, idx2, cache)
-    gdnjit.gated_delta_rule_lazy_fold(pool, idx2, cache)
     torch.cuda.synchronize()
-    print(f"lazy plain steps and a fold, {B2} rows x {H2} key heads: ran")
+    print(f"lazy plain steps, the rules' form, {B2} rows x {H2} key heads: ran")
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
     cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.bfloat16, device=DEV)
     acc = torch.zeros(B, dtype=torch.int32, device=DEV)
