@@ -540,8 +540,8 @@ def test_the_prep_launch_takes_a_warp_an_item_for_large_batches_and_four_for_sma
 
 def test_the_rules_stage_the_tile_for_the_smallest_grids():
     """A 16-bit state and ring in the tile form (ring_mma): a 64-column chunk at a time, the whole tile staged at about
-    a CTA an SM (B * HV <= the SMs), and past T = 4 at up to 4 CTAs of 128 rows an SM; other dtypes, and one chunk
-    (K 64), no staging."""
+    a CTA an SM (B * HV <= the SMs), and for plain steps and past T = 4 at up to 4 CTAs of 128 rows an SM; other
+    dtypes, and one chunk (K 64), no staging."""
     facts = lambda B: dict(B=B, H=16, HV=64, num_sms=132)  # noqa: E731
     p = {n: dict(SPEC.param_defaults, mode="step", T=4, K=128, V=128, state_dtype="bf16", ring_dtype="bf16",
                  idx_dtype="int32", pending=True)[n] for n in SPEC.param_names}
@@ -551,13 +551,15 @@ def test_the_rules_stage_the_tile_for_the_smallest_grids():
         return t["form"], t["tile_v"], t["staged"]
 
     assert pick(512) == pick(8) == ("tile", 128, False)
-    assert pick(2) == pick(1) == ("tile", 32, True)
+    assert pick(2) == pick(1) == ("tile", 128, True)
+    assert pick(1, V=64) == ("tile", 32, True)  # tiles of 128 rows need V a multiple of 128
     # past T = 4 the whole tile staged up to 4 CTAs an SM too (the 6-CTA launch bounds' registers show there)
     assert pick(512, T=8) == pick(9, T=8) == ("tile", 128, False)
     assert pick(8, T=8) == pick(5, T=6) == ("tile", 128, True)
-    assert pick(1, T=8) == ("tile", 32, True)
+    assert pick(1, T=8) == ("tile", 128, True)
     assert pick(1, T=1, pending=False) == ("tile", 128, True)
-    assert pick(8, T=1, pending=False) == ("tile", 128, False)
+    assert pick(8, T=1, pending=False) == ("tile", 128, True)  # plain steps: staged up to 4 CTAs an SM
+    assert pick(9, T=1, pending=False) == ("tile", 128, False)
     for kw in (dict(ring_dtype="fp32"), dict(state_dtype="fp32", ring_dtype="fp32")):
         assert pick(512, **kw) == ("tile", 128, False), kw
         assert pick(1, **kw) == ("tile", 32, False), kw
