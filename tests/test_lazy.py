@@ -444,6 +444,35 @@ def test_the_tensor_core_fold_is_the_rules_bf16_fold_with_bf16_rings():
         assert vals["smem_bytes"] <= vals["tables_smem"], kw
 
 
+def test_a_fold_with_fp32_rings_takes_the_tensor_cores_in_ctas_of_16_rows():
+    """tc_fold (the fold's update as TF32 MMAs in three parts, the CTA's rows read again in the MMA's layout) is on for
+    the rows form's state launch with fp32 rings and 16 rows a CTA whose warps split K in whole 32-column groups: the
+    rules' folds and plain steps of an fp32 state at K 64 / 128 / 256, and of a 16-bit state with fp32 rings; off with
+    16-bit rings (a bf16 state and rings fold with mma_fold), other tiles, the prep and the tile form. It takes no
+    shared memory."""
+    def variant(force=None, B=512, **kw):
+        p = dict(SPEC.param_defaults, mode="fold", T=0, K=128, V=128, state_dtype="fp32", ring_dtype="fp32",
+                 idx_dtype="int32")
+        p.update(kw)
+        p = {n: p[n] for n in SPEC.param_names}
+        t, _ = dispatch.select(SPEC, p, dict(FACTS[2], B=B))
+        return Variant.make(SPEC, p, dict(t, **(force or {})), ARCH).values
+
+    for kw in (dict(), dict(K=64, V=64), dict(K=256, V=256), dict(K=256, V=64), dict(mode="step", T=1),
+               dict(mode="step", T=1, K=64, V=128), dict(state_dtype="bf16"), dict(state_dtype="fp16", K=64, V=64),
+               dict(mode="step", T=1, state_dtype="bf16")):
+        vals = variant(**kw)
+        assert vals["form"] == "rows" and vals["tile_v"] == 16 and vals["tc_fold"], kw
+        assert vals["smem_bytes"] == 0 and not vals["mma_fold"], kw
+    rows = dict(form="rows", lanes_per_row=8, rows_per_lane=2)
+    assert variant(dict(rows, tile_v=16), mode="step", T=4, pending=True)["tc_fold"]
+    for force, kw in ((None, dict(ring_dtype="bf16")), (None, dict(state_dtype="bf16", ring_dtype="bf16")),
+                      (None, dict(state_dtype="fp16", ring_dtype="fp16")), (dict(rows, tile_v=32), {}),
+                      (dict(rows, tile_v=64), dict(mode="step", T=1)), (None, dict(mode="prep", T=1)),
+                      (None, dict(mode="step", T=4, pending=True)), (None, dict(mode="step", T=1, B=4))):
+        assert not variant(force, **kw)["tc_fold"], (force, kw)
+
+
 def test_the_tile_form_takes_the_tensor_cores_for_a_16_bit_state():
     """tile_mma (a step's dots on tensor cores) is on for the tile form with a bf16 / fp16 state and 16 rows a CTA or
     more, not for an fp32 state, a reset or 8-row tiles; ring_mma (the window's part and the fold too, the window keys

@@ -7,6 +7,7 @@ gdnjit's own cursor: plain steps (T = 1) and speculative steps (T = 3, random ac
 this small batch, over a pool with gaps and a padding row, enough steps that every slot folds in a step, then a fold
 (rows form) and a reset; plain steps in the rows form (forced: its prep and state launches) over enough rows for the
 prep's 4 warps an item, then enough that the prep launch takes a warp an item, and those as the rules give them;
+plain steps with fp32 rings (fp32 and bf16 states) in the rows form, every slot folding in a step (tc_fold);
 the tile form of a 16-bit state and ring a 64-column chunk at a time (the rules stage the small batches' tiles whole),
 K 128: speculative steps at T = 4 and 8, every slot folding, and a fold;
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
@@ -31,6 +32,9 @@ from test_lazy_gpu import forcing  # noqa: E402  (the GPU tests' dispatcher over
 CHUNKED = dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, staged=False)
 # the rows form of a bf16 state (the rules give it folds, and plain steps with fp32 rings)
 ROWS = dict(form="rows", lanes_per_row=8, rows_per_lane=4, tile_v=16)
+# the rows form of an fp32 state (the rules' at larger batches); with fp32 rings (either state) its folds in a step
+# on tensor cores (tc_fold)
+ROWS_F32 = dict(form="rows", lanes_per_row=8, rows_per_lane=2, tile_v=16)
 
 DEV = "cuda"
 H, HV, K, V, B, S = 2, 4, 64, 64, 5, 9
@@ -56,6 +60,17 @@ def main() -> int:
             gdnjit.gated_delta_rule_lazy_reset(idx, cache)
         torch.cuda.synchronize()
         print(f"lazy step / fold / reset, {sdt}: ran")
+    # plain steps with fp32 rings in the rows form (forced: the rules' at larger batches), every slot folding in a step
+    for sdt, rows in ((torch.float32, ROWS_F32), (torch.bfloat16, ROWS)):
+        pool = (r(S, HV, V, K) * 0.1).to(sdt)
+        cache = gdnjit.lazy_cache(S, H, HV, K, V, dtype=torch.float32, device=DEV)
+        with forcing(rows):
+            for _ in range(17):
+                x = [r(B, 1, H, K), r(B, 1, H, K), r(B, 1, HV, V), r(B, 1, HV), r(B, 1, HV)]
+                q, k, v, a, b = (t.to(torch.bfloat16) for t in x)
+                gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache)
+        torch.cuda.synchronize()
+        print(f"lazy plain steps, rows form, {sdt} state, fp32 rings, every slot folding in a step: ran")
     # plain steps in the rows form (forced: the rules give a bf16 state and ring's plain steps the tile form): 2 plain
     # steps and a fold over enough rows for the prep launch's 4 warps an item (below 8 items an SM), then over enough
     # rows of 16 key heads, 2 value heads each, for its warp an item

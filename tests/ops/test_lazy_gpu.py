@@ -199,6 +199,15 @@ CASES = [
                                                       ("tile_v", 32))),
     Case(K=64, V=256, T=4, sdt=bf, rdt=f32, B=6, spec=True, force=(("form", "rows"), ("lanes_per_row", 8),
                                                                    ("rows_per_lane", 2), ("tile_v", 64), ("window", 8))),
+    # fp32 rings in CTAs of 16 rows: the fold's update on tensor cores (tc_fold) inside a step, with 4 warps of 64
+    # columns (K 256), 2 of 32 (K 64) and, a bf16 state's, 1 of 128; speculative steps with pending rows
+    Case(K=256, V=128, H=2, rep=2, T=1, B=9, null=0, force=(("form", "rows"), ("lanes_per_row", 16),
+                                                             ("rows_per_lane", 2), ("tile_v", 16))),
+    Case(K=64, V=128, rep=3, T=3, spec=True, B=7, idx_dt=i64, force=(("form", "rows"), ("lanes_per_row", 8),
+                                                                      ("rows_per_lane", 2), ("tile_v", 16))),
+    Case(T=1, sdt=bf, rdt=f32, B=37, null=0, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 4),
+                                                     ("tile_v", 16))),
+    Case(K=64, V=64, rep=2, T=2, in_dt=fp16, sdt=fp16, rdt=f32, spec=True, B=6),  # (its folds the rules' rows)
     # the prep launch's warps an item: one for all its value heads (the rules' large batches, and T >= 2), or 4
     Case(T=1, sdt=bf, rdt=bf, rep=4, B=5, null=0, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 4),
                                                          ("tile_v", 16), ("head_warps", 1))),
@@ -341,15 +350,22 @@ def _check_pool(model, pool, before, live, tol, what):
     assert torch.equal(pool[others], before[others]), f"{what}: a slot no row names was written"
 
 
-@pytest.mark.parametrize("T,spec,sdt", [(1, False, f32), (5, True, bf), (12, False, fp16), (16, True, f32)])
-def test_fold_at_every_window_length(T, spec, sdt):
+ROWS_F32 = dict(form="rows", lanes_per_row=8, rows_per_lane=2, tile_v=16)  # the rules' fp32 rows (tc_fold)
+ROWS_16 = dict(form="rows", lanes_per_row=8, rows_per_lane=4, tile_v=16)   # a 16-bit state's (with fp32 rings: tc_fold)
+
+
+@pytest.mark.parametrize("T,spec,sdt,rdt,force", [(1, False, f32, f32, None), (5, True, bf, bf, None),
+                                                  (12, False, fp16, fp16, None), (16, True, f32, f32, None),
+                                                  (1, False, f32, f32, ROWS_F32), (4, True, f32, f32, ROWS_F32),
+                                                  (3, True, bf, f32, ROWS_16), (2, True, bf, bf, ROWS_16)])
+def test_fold_at_every_window_length(T, spec, sdt, rdt, force):
     """17 slots holding P = 0..16 committed rows (built by 16 plain T = 1 steps over shrinking sets of rows); a step
     of T tokens on all of them folds exactly where P + T > 16 (outputs, checkpoints, rings, cursors against the
     model); then an explicit fold (accepted counts 0..T of the pending rows in speculative mode) leaves every slot's
-    exact state in its checkpoint: folds at every P."""
+    exact state in its checkpoint: folds at every P. The rules give these 17 rows' steps the tile form; forced, the
+    rows form folds inside the step too (with fp32 rings tc_fold, a bf16 state and rings mma_fold)."""
     H, HV, K, V = 2, 4, 128, 128
     g = torch.Generator(device=DEV).manual_seed(T)
-    rdt = f32 if sdt == f32 else sdt
     pool, _ = _pool(g, 17, HV, V, K, sdt)
     cache, _ = _poisoned_cache(17, H, HV, K, V, rdt)
     A_log, dtb = _gate_params(g, HV)
@@ -368,8 +384,9 @@ def test_fold_at_every_window_length(T, spec, sdt):
     acc = torch.zeros(17, dtype=i32, device=DEV) if spec else None
     ref = model.step(*toks[:3], A_log, toks[3], dtb, toks[4], idx, acc)
     before = pool.clone()
-    out = gdnjit.gated_delta_rule_lazy_step(*toks[:3], A_log, toks[3], dtb, toks[4], pool, idx, cache,
-                                            num_accepted=acc)
+    with forcing(force):
+        out = gdnjit.gated_delta_rule_lazy_step(*toks[:3], A_log, toks[3], dtb, toks[4], pool, idx, cache,
+                                                num_accepted=acc)
     torch.cuda.synchronize()
     assert _rel(out.float(), ref) < tol_out
     _check_pool(model, pool, before, list(range(17)), tol_state, f"T={T} step")
@@ -705,8 +722,8 @@ def test_folds_and_flashinfers_flush_a_chunk_at_a_time():
     """The fold-at-every-window-length and FlashInfer-flush tests above (16-bit state and rings) with the tile a
     64-column chunk at a time, as the rules give large batches (their small ones stage the tile whole)."""
     with forcing(dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128, staged=False)):
-        test_fold_at_every_window_length(5, True, bf)
-        test_fold_at_every_window_length(12, False, fp16)
+        test_fold_at_every_window_length(5, True, bf, bf, None)
+        test_fold_at_every_window_length(12, False, fp16, fp16, None)
         test_ucache_flush_matches_flashinfer_semantics(128, 128, 2, 4, bf, bf, True, None)
         test_ucache_flush_matches_flashinfer_semantics(128, 128, 1, 8, bf, bf, False, None)
 
