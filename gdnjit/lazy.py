@@ -31,7 +31,10 @@ checks it.
 
 Launches: a plain step (T = 1) and a fold run the spec's rows form, a prep launch and then the state launch, sharing
 a scratch buffer allocated per call (:func:`scratch_bytes`); speculative steps and plain steps at small batches the
-tile form, one launch (docs/design.md section 11; :func:`launches` asks the dispatcher).
+tile form, one launch; an fp32 state's plain steps at small batches (B * HV <= 512) the eager form, one launch: the
+plain decode's kernel, which folds its token (and any rows an earlier lazy step left) into the checkpoint at once and
+leaves the ring empty, because there a step's latency, not its bytes, is its time (docs/design.md section 11;
+:func:`launches` asks the dispatcher).
 
 All calls are graph capturable (no host reads of device values); a slot past the pool stops the kernel (trap).
 This module validates and builds the named calls of the ``gdn_lazy`` spec; :mod:`gdnjit.runner` does the rest.

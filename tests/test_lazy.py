@@ -385,8 +385,9 @@ def test_scratch_layout_matches_the_spec():
 
 def test_launches_follow_the_chosen_form(monkeypatch):
     """A step or fold the dispatcher gives the rows form is the prep launch (the same call, mode prep) and then the
-    call, sharing scratch_bytes; a speculative step in the tile form, a plain step at a small batch (tile form too)
-    and a reset are one launch (RUNNER.variant, on a stand-in H200 without loading anything)."""
+    call, sharing scratch_bytes; a speculative step in the tile form, a plain step at a small batch (an fp32 state's
+    in the eager form, a bf16 state's in the tile form) and a reset are one launch (RUNNER.variant, on a stand-in H200
+    without loading anything)."""
     from gdnjit import runner
 
     monkeypatch.setattr(runner, "device_info", lambda i: runner.DeviceInfo(i, "NVIDIA H200", "sm_90", 132))
@@ -394,20 +395,21 @@ def test_launches_follow_the_chosen_form(monkeypatch):
     monkeypatch.setattr(runner.RUNNER, "get_launcher", lambda variant, i, config=None: object())
     runner.RUNNER.clear()
     try:
-        def plain(b_):  # a T = 1 step of b_ rows
+        def plain(b_, sdt=torch.float32):  # a T = 1 step of b_ rows
             return step(q=torch.zeros(b_, 1, H, K, dtype=bf), k=torch.zeros(b_, 1, H, K, dtype=bf),
                         v=torch.zeros(b_, 1, HV, V, dtype=bf), a=torch.zeros(b_, 1, HV, dtype=bf),
-                        b=torch.zeros(b_, 1, HV, dtype=bf), state_indices=torch.zeros(b_, dtype=i32))[1]
+                        b=torch.zeros(b_, 1, HV, dtype=bf), state_indices=torch.zeros(b_, dtype=i32),
+                        state=torch.zeros(S, HV, V, K, dtype=sdt))[1]
 
         big = 4 * 132 // HV + 1  # B * HV past 4 per SM: the rows form
-        for call, forms in ((plain(big), ("prep", "step")), (plain(B), ("step",)), (fold(), ("prep", "fold")),
-                            (step()[1], ("step",)), (fold("reset"), ("reset",))):
+        for call, forms, form in ((plain(big), ("prep", "step"), "rows"), (plain(B), ("step",), "eager"),
+                                  (plain(B, bf), ("step",), "tile"), (fold(), ("prep", "fold"), "rows"),
+                                  (step()[1], ("step",), "tile"), (fold("reset"), ("reset",), "tile")):
             calls, nbytes = lazy.launches(call)
             assert tuple(c.params["mode"] for c in calls) == forms
             assert all({n: v for n, v in c.params.items() if n != "mode"} == {n: v for n, v in call.params.items()
                                                                               if n != "mode"} for c in calls)
-            assert calls[-1] is call and dict(runner.RUNNER.variant(call).tunables)["form"] == (
-                "rows" if len(calls) == 2 else "tile")
+            assert calls[-1] is call and dict(runner.RUNNER.variant(call).tunables)["form"] == form
             p = call.params
             rows = call.args["B"] if "B" in call.args else B
             assert nbytes == (lazy.scratch_bytes(rows, H, HV, K, p["T"]) if len(calls) == 2 else 0)

@@ -125,7 +125,7 @@ def test_bench_lazy_force_and_columns(capsys):
     args = blz.parse_args(["--force", '{"form": "rows", "lanes_per_row": 4, "window": 8}', "--t"])
     assert args.force == dict(form="rows", lanes_per_row=4, window=8) and args.t == []
     assert blz.parse_args([]).force is None and blz.parse_args([]).t == [4, 8]
-    for text, said in (('{"form": "tiles"}', 'form: expected one of ["rows", "tile"], got "tiles"'),
+    for text, said in (('{"form": "tiles"}', 'form: expected one of ["rows", "tile", "eager"], got "tiles"'),
                        ('{"ilp": 2}', "'ilp' is not a gdn_lazy tunable (expected one of form, tile_v")):
         with pytest.raises(SystemExit) as e:
             blz.parse_args(["--force", text])

@@ -355,10 +355,14 @@ def bench_gdnjit_row(args, sd, HV, B, dev, l2, bw, add):
         fa, src = fold_at_for(first, 1, False, args.window)
         steps = steps_for("1", fa)
         fold_rate, P_mean = traffic(*simulate(torch.zeros(steps, B, dtype=torch.int64), 1, fa, plain=True)[::2])
+        floor, floor_in = (lazy_floor(B, 1, HV, es, rs, fold_rate, P_mean),
+                           lazy_floor(B, 1, HV, es, rs, fold_rate, P_mean, 1.0))
+        if fa <= 0:  # the eager form (window 0): the state read and written every step, no ring rows
+            fold_rate, P_mean, floor = 1.0, 0.0, decode_floor(B, HV, es)
+            floor_in = floor
         reset_rings()
-        measure("lazy1", 1, None, lazy_step(1, None), steps, lazy_floor(B, 1, HV, es, rs, fold_rate, P_mean),
-                fold_at=fa, fold_at_source=src, fold_rate=round(fold_rate, 4), P_mean=round(P_mean, 3),
-                floor_inlaunch_us=round(lazy_floor(B, 1, HV, es, rs, fold_rate, P_mean, 1.0) / bw * 1e6, 3))
+        measure("lazy1", 1, None, lazy_step(1, None), steps, floor, fold_at=fa, fold_at_source=src,
+                fold_rate=round(fold_rate, 4), P_mean=round(P_mean, 3), floor_inlaunch_us=round(floor_in / bw * 1e6, 3))
         for T in args.t:
             fa, src = fold_at_for(first, T, True, args.window)
             for label in acc_labels(T):

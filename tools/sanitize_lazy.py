@@ -3,11 +3,12 @@
     compute-sanitizer --tool memcheck  python3 tools/sanitize_lazy.py
     compute-sanitizer --tool racecheck python3 tools/sanitize_lazy.py
 
-gdnjit's own cursor: plain steps (T = 1) and speculative steps (T = 3, random accepted counts), both the tile form at
-this small batch, over a pool with gaps and a padding row, enough steps that every slot folds in a step, then a fold
+gdnjit's own cursor: plain steps (T = 1; an fp32 state's the eager form) and speculative steps (T = 3, random
+accepted counts; the tile form) at this small batch, over a pool with gaps and a padding row, enough steps that every slot folds in a step, then a fold
 (rows form) and a reset; plain steps in the rows form (forced: its prep and state launches) over enough rows for the
 prep's 4 warps an item, then enough that the prep launch takes a warp an item, and those as the rules give them;
 plain steps with fp32 rings (fp32 and bf16 states) in the rows form, every slot folding in a step (tc_fold);
+eager steps over rings that lazy plain and speculative steps filled (their fold, the cursor's commit), fp32 and bf16;
 the tile form of a 16-bit state and ring a 64-column chunk at a time (the rules stage the small batches' tiles whole),
 K 128: speculative steps at T = 4 and 8, every slot folding, and a fold;
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
@@ -35,6 +36,9 @@ ROWS = dict(form="rows", lanes_per_row=8, rows_per_lane=4, tile_v=16)
 # the rows form of an fp32 state (the rules' at larger batches); with fp32 rings (either state) its folds in a step
 # on tensor cores (tc_fold)
 ROWS_F32 = dict(form="rows", lanes_per_row=8, rows_per_lane=2, tile_v=16)
+# the lazy tile form (the rules' small plain batches of a 16-bit state), and the eager form
+LAZY_TILE = dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=32)
+EAGER = dict(form="eager", window=0, lanes_per_row=8, rows_per_lane=2, tile_v=16)
 
 DEV = "cuda"
 H, HV, K, V, B, S = 2, 4, 64, 64, 5, 9
@@ -60,6 +64,20 @@ def main() -> int:
             gdnjit.gated_delta_rule_lazy_reset(idx, cache)
         torch.cuda.synchronize()
         print(f"lazy step / fold / reset, {sdt}: ran")
+    # eager steps over rings filled by lazy plain steps, then by speculative ones (pending rows): their fold, the commit
+    for sdt in (torch.float32, torch.bfloat16):
+        pool = (r(S, HV, V, K) * 0.1).to(sdt)
+        cache = gdnjit.lazy_cache(S, H, HV, K, V, dtype=sdt, device=DEV)
+        for T, spec, force in ((1, False, LAZY_TILE), (1, False, EAGER), (3, True, None), (1, False, EAGER),
+                               (1, False, EAGER)):
+            x = [r(B, T, H, K), r(B, T, H, K), r(B, T, HV, V), r(B, T, HV), r(B, T, HV)]
+            q, k, v, a, b = (t.to(torch.bfloat16) for t in x)
+            acc = torch.randint(0, T + 1, (B,), device=DEV, generator=g, dtype=torch.int32) if spec else None
+            with forcing(force):
+                for _ in range(3):
+                    gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
+        torch.cuda.synchronize()
+        print(f"lazy and eager plain steps, {sdt}: ran")
     # plain steps with fp32 rings in the rows form (forced: the rules' at larger batches), every slot folding in a step
     for sdt, rows in ((torch.float32, ROWS_F32), (torch.bfloat16, ROWS)):
         pool = (r(S, HV, V, K) * 0.1).to(sdt)

@@ -105,7 +105,9 @@ class LazyModel:
         ring: physical ring rows (32: gdnjit's own calls and FlashInfer's flush call; 16: FlashInfer's verify-only
             call's flat ring).
         window: the committed rows a slot keeps before a step folds (gdnjit's ``window`` tunable, 16 by default):
-            a step folds when ``P + T > window``.
+            a step folds when ``P + T > window``; 0 is the eager form's (plain steps of one token): every step folds
+            its P rows and its own token, from their unrounded values, and leaves the ring empty (the attribute may
+            be changed between calls, as the dispatcher's choice changes with the batch).
         state_dtype, ring_dtype: apply the kernels' rounding points (module docstring); None: exact.
         dtype: the compute dtype (float64).
     """
@@ -231,6 +233,12 @@ class LazyModel:
             w = torch.exp(Gn[t][:, None] - gs)
             out[t] = e[:, None] * torch.einsum("hvk,hk->hv", S0, qh[t]) + \
                 torch.einsum("hm,hmv->hv", w * torch.einsum("hmk,hk->hm", keys, qh[t]), us)
+        if self.window == 0:  # eager: the window and the new rows folded at once (the new rows never rounded)
+            gl = gs[:, -1]
+            S = torch.exp(gl)[:, None, None] * S0 + torch.einsum("hp,hpv,hpk->hvk", torch.exp(gl[:, None] - gs), us,
+                                                                 keys)
+            self.state[slot] = self._round(S, self.state_dtype)
+            return out
         if fold and P > 0:
             new_state = self._round(self._fold_value(slot, win), self.state_dtype)  # before the appends
             shift = g0
@@ -253,7 +261,8 @@ class LazyModel:
         """:func:`gdnjit.gated_delta_rule_lazy_step`: returns the outputs ``[B, T, HV, V]`` (padding rows 0).
 
         Per live row n on slot s: ``P = len + clamp(num_accepted[n], 0, pending)`` (None: 0); the outputs from the
-        checkpoint and the P rows; a fold when ``P + T > window``; the T rows appended past the window. Cursor after:
+        checkpoint and the P rows; a fold when ``P + T > window``; the T rows appended past the window (window 0:
+        the P rows and the token folded, ring emptied: cursor ``[0, base + P, 0, 0]``). Cursor after:
         plain (``num_accepted`` None) ``len = (0 if folded else P) + T``, pending 0; speculative ``len = (0 if folded
         else P)``, pending T; a fold slides the base by P."""
         B, T = q.shape[0], q.shape[1]
@@ -262,6 +271,8 @@ class LazyModel:
         out = torch.zeros(B, T, self.HV, self.V, dtype=self.dtype, device=self.device)
         idx = [int(x) for x in state_indices.detach().cpu().tolist()]
         acc = None if num_accepted is None else [int(x) for x in num_accepted.detach().cpu().tolist()]
+        if self.window == 0 and (acc is not None or T != 1):
+            raise ValueError("window 0 (the eager form) takes plain steps of one token")
         for n, s in enumerate(idx):
             if not self._live(s, null_block_id):
                 continue
@@ -269,6 +280,9 @@ class LazyModel:
             P = ln + (0 if acc is None else min(max(acc[n], 0), pend))
             fold = P + T > self.window
             out[n] = self._run(s, P, base, fold, qn[n], kn[n], vv[n], lg[n], beta[n])
+            if self.window == 0:  # eager: an empty ring, its base past the folded rows
+                self.cursor[s] = torch.tensor([0, (base + P) & (self.ring - 1), 0, 0], dtype=torch.int32)
+                continue
             ln = 0 if fold else P
             if fold:
                 base = (base + P) & (self.ring - 1)

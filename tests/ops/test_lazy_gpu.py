@@ -111,6 +111,8 @@ def forcing(tunables: Optional[dict]):
             return Variant.make(spec, params, dict(v.tunables, **{n: t for n, t in tunables.items()
                                                                   if n in ("window", "head_warps")}), arch)
         chosen = dict(dict(v.tunables), **{n: t for n, t in tunables.items() if n != "head_warps"})
+        if "window" not in tunables:  # the eager form's window is 0, the others' the rules' 16
+            chosen["window"] = 0 if chosen["form"] == "eager" else chosen["window"] or 16
         if "staged" not in tunables and not spec.valid(params, chosen):
             chosen["staged"] = False
         return Variant.make(spec, params, chosen, arch)
@@ -122,6 +124,18 @@ def forcing(tunables: Optional[dict]):
     finally:
         runner.choose_variant = orig
         runner.RUNNER.clear()
+
+
+def _window(q, k, v, A_log, a, dtb, b, pool, idx, cache, acc, kw=None, null_block_id=-1) -> int:
+    """The window of the variant the dispatcher picks for this step (under any forcing): the model's, which folds as
+    that variant does (0: the eager form's)."""
+    from gdnjit.lazy import prepare_step
+    from gdnjit.runner import RUNNER
+
+    kw = dict(dict(scale=None, use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0), **(kw or {}))
+    _, call = prepare_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, acc, kw["scale"], kw["use_qk_l2norm"],
+                           kw["softplus_beta"], kw["softplus_threshold"], null_block_id, None)
+    return dict(RUNNER.variant(call).tunables)["window"]
 
 
 def _check_rings(model: LazyModel, cache, slot: int, rows: list, what: str, tol: float) -> None:
@@ -178,7 +192,7 @@ class Case:
 
 
 CASES = [
-    Case(T=1, B=37),  # the tile form by the rules (a small batch)
+    Case(T=1, B=37),  # the eager form by the rules (an fp32 state, a small batch; and the tile form, below)
     Case(T=1, B=37, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 2), ("tile_v", 16))),
     Case(rep=4, T=4, sdt=bf, rdt=bf, spec=True, null=0, idx_dt=i64, paged=True),
     Case(K=64, V=64, H=4, rep=1, T=2, in_dt=fp16, sdt=fp16, rdt=fp16, gate_dt=fp16, spec=True, B=3, out="fp32"),
@@ -287,6 +301,7 @@ def test_loop_matches_the_model(case: Case):
             if not c.l2norm:  # unit-size keys without the l2norm: the delta rule stays contractive
                 k = (k.float() * K ** -0.5).to(c.in_dt)
             acc = torch.tensor([rng.randint(-1, T + 1) for _ in range(B)], dtype=i32, device=DEV) if c.spec else None
+            model.window = _window(q, k, v, A_log, a, dtb, b, pool, idx, cache, acc, kw, c.null)
             ref = model.step(q, k, v, A_log, a, dtb, b, idx, acc, null_block_id=c.null, **kw)
             before = pool.clone()
             if c.out == "alloc":
@@ -351,6 +366,7 @@ def _check_pool(model, pool, before, live, tol, what):
 
 
 ROWS_F32 = dict(form="rows", lanes_per_row=8, rows_per_lane=2, tile_v=16)  # the rules' fp32 rows (tc_fold)
+LAZY_TILE = dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128)  # the rules' small plain batches but fp32's
 ROWS_16 = dict(form="rows", lanes_per_row=8, rows_per_lane=4, tile_v=16)   # a 16-bit state's (with fp32 rings: tc_fold)
 
 
@@ -362,8 +378,9 @@ def test_fold_at_every_window_length(T, spec, sdt, rdt, force):
     """17 slots holding P = 0..16 committed rows (built by 16 plain T = 1 steps over shrinking sets of rows); a step
     of T tokens on all of them folds exactly where P + T > 16 (outputs, checkpoints, rings, cursors against the
     model); then an explicit fold (accepted counts 0..T of the pending rows in speculative mode) leaves every slot's
-    exact state in its checkpoint: folds at every P. The rules give these 17 rows' steps the tile form; forced, the
-    rows form folds inside the step too (with fp32 rings tc_fold, a bf16 state and rings mma_fold)."""
+    exact state in its checkpoint: folds at every P. The rules give these 17 rows' steps the tile form (an fp32
+    state's plain steps the eager form, which keeps no window: the tile form forced); forced, the rows form folds
+    inside the step too (with fp32 rings tc_fold, a bf16 state and rings mma_fold)."""
     H, HV, K, V = 2, 4, 128, 128
     g = torch.Generator(device=DEV).manual_seed(T)
     pool, _ = _pool(g, 17, HV, V, K, sdt)
@@ -371,17 +388,19 @@ def test_fold_at_every_window_length(T, spec, sdt, rdt, force):
     A_log, dtb = _gate_params(g, HV)
     model = LazyModel.from_cache(pool, cache)
     tol_out, tol_state = _tols(sdt, rdt, bf)
-    for i in range(16):
-        idx = torch.tensor([s if s > i else -1 for s in range(17)], dtype=i32, device=DEV)
-        toks = _tokens(g, 17, 1, H, HV, K, V, bf)
-        model.step(*toks[:3], A_log, toks[3], dtb, toks[4], idx)
-        gdnjit.gated_delta_rule_lazy_step(*toks[:3], A_log, toks[3], dtb, toks[4], pool, idx, cache)
+    with forcing(LAZY_TILE if sdt == f32 else None):  # (the rules' eager form of an fp32 state keeps no window)
+        for i in range(16):
+            idx = torch.tensor([s if s > i else -1 for s in range(17)], dtype=i32, device=DEV)
+            toks = _tokens(g, 17, 1, H, HV, K, V, bf)
+            model.step(*toks[:3], A_log, toks[3], dtb, toks[4], idx)
+            gdnjit.gated_delta_rule_lazy_step(*toks[:3], A_log, toks[3], dtb, toks[4], pool, idx, cache)
     torch.cuda.synchronize()
     assert cache.cursor[:, 0].tolist() == list(range(17)) and torch.equal(cache.cursor.cpu(), model.cursor)
     assert torch.isnan(cache.g[:, :, 16:]).all(), "rows past 16 were written"
     idx = torch.randperm(17, device=DEV, generator=g).to(i32)
     toks = _tokens(g, 17, T, H, HV, K, V, bf)
     acc = torch.zeros(17, dtype=i32, device=DEV) if spec else None
+    force = force or (LAZY_TILE if sdt == f32 and T == 1 else None)
     ref = model.step(*toks[:3], A_log, toks[3], dtb, toks[4], idx, acc)
     before = pool.clone()
     with forcing(force):
@@ -431,6 +450,121 @@ def test_fold_and_reset_of_padding_and_null_blocks():
     gdnjit.gated_delta_rule_lazy_fold(pool, torch.tensor([4], dtype=i32, device=DEV), cache)  # P = 0
     torch.cuda.synchronize()
     assert torch.equal(pool, pool_before) and cache.cursor[4].tolist() == [0, 0, 0, 0]
+
+
+# ---- the eager form (window 0: plain decoding that folds every step) -------------------------------------------
+
+
+EAGER = dict(form="eager", window=0)
+
+
+@pytest.mark.parametrize("K,V,H,rep,sdt,rdt,in_dt,lanes,rpl,tile_v,null,B,out,idx_dt,l2norm", [
+    (128, 128, 2, 2, f32, f32, bf, 8, 2, 32, -1, 5, "alloc", i32, True),
+    (128, 128, 2, 4, bf, bf, bf, 4, 2, 32, 0, 9, "same", i64, True),
+    (128, 128, 1, 2, bf, f32, fp16, 8, 4, 32, -1, 3, "fp32", i32, True),
+    (64, 256, 2, 3, fp16, fp16, fp16, 8, 1, 32, 0, 7, "alloc", i32, True),
+    (256, 64, 1, 1, f32, bf, bf, 16, 2, 32, -1, 4, "alloc", i64, False),
+    (256, 128, 2, 2, bf, bf, bf, 16, 4, 64, -1, 6, "fp32", i32, True),
+    (64, 64, 4, 1, f32, fp16, bf, 4, 1, 16, 0, 1, "same", i32, True),
+])
+def test_eager_steps_match_the_model(K, V, H, rep, sdt, rdt, in_dt, lanes, rpl, tile_v, null, B, out, idx_dt,
+                                     l2norm):
+    """Eager steps (the eager form forced, window 0) between lazy plain steps (the rules'; an fp32 state's the tile
+    form forced: the rules give it the eager form) and speculative steps (the rules'), folds and
+    resets, over a pool with gaps and padding rows: an eager step over a slot whose ring holds committed rows (and
+    pending ones, dropped) folds them with its token and empties the ring; over an empty ring it writes the state and
+    leaves the cursor alone. After every call: outputs, checkpoints (every other slot bit-exact), cursors, and the live
+    ring rows of the lazy steps, against the model (window 0 for the eager steps)."""
+    HV = H * rep
+    seed = zlib.crc32(f"eager{K}{V}{H}{rep}{sdt}{rdt}{lanes}{rpl}{tile_v}{B}".encode())
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    rng = random.Random(seed)
+    slots = 2 * B + 4
+    pool, _ = _pool(g, slots, HV, V, K, sdt)
+    cache, _ = _poisoned_cache(slots, H, HV, K, V, rdt)
+    A_log, dtb = _gate_params(g, HV)
+    model = LazyModel.from_cache(pool, cache)
+    kw = dict(scale=None if l2norm else 0.05, use_qk_l2norm=l2norm)
+    tol_out, tol_state = _tols(sdt, rdt, {"alloc": in_dt, "fp32": f32, "same": in_dt}[out])
+    first_user = max(null + 1, 0) + 1
+    users = list(range(first_user, slots - 2))
+    n_pad = 0 if B == 1 else (2 if B >= 5 else 1)
+    pad_values = [-1, null if null >= 0 else -1][:n_pad]
+    force = dict(EAGER, lanes_per_row=lanes, rows_per_lane=rpl, tile_v=tile_v)
+    # lazy steps fill the rings (plain, speculative with pending rows), eager ones empty them, again and again;
+    # "eager=": on the previous step's slots (in a new order), so that each kind of ring meets an eager step
+    plan = ["lazy", "eager=", "eager", "spec", "eager=", "lazy", "spec", "eager=", "lazy", "lazy", "eager=", "eager"]
+    eager_over = set()
+    rows = []
+    for step, kind in enumerate(plan):
+        rows = rng.sample(rows, len(rows)) if kind == "eager=" else rng.sample(users, B - n_pad)
+        kind = kind.rstrip("=")
+        pads = sorted(rng.sample(range(B), n_pad))
+        idx_list = list(rows)
+        for p_, val in zip(pads, pad_values):
+            idx_list.insert(p_, val)
+        idx = torch.tensor(idx_list, dtype=idx_dt, device=DEV)
+        live = [s for s in idx_list if s > null and s >= 0]
+        T = 3 if kind == "spec" else 1
+        q, k, v, a, b = _tokens(g, B, T, H, HV, K, V, in_dt)
+        if not l2norm:
+            k = (k.float() * K ** -0.5).to(in_dt)
+        acc = torch.tensor([rng.randint(0, T) for _ in range(B)], dtype=i32, device=DEV) if kind == "spec" else None
+        if kind == "eager":
+            eager_over |= {(int(model.cursor[s, 0]) > 0, int(model.cursor[s, 2]) > 0) for s in live}
+        model.window = 0 if kind == "eager" else 16
+        ref = model.step(q, k, v, A_log, a, dtb, b, idx, acc, null_block_id=null, **kw)
+        before = pool.clone()
+        if out == "alloc":
+            output = None
+            _poison_next_alloc((B, T, HV, V), in_dt)
+        else:
+            output = torch.full((B, T, HV, V), float("nan"), dtype=f32 if out == "fp32" else in_dt, device=DEV)
+        lazy = dict(LAZY_TILE, tile_v=min(V, 128)) if kind == "lazy" and sdt == f32 else None
+        with forcing(force if kind == "eager" else lazy):
+            res = gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc,
+                                                    null_block_id=null, output=output, **kw)
+        torch.cuda.synchronize()
+        w = f"step {step} ({kind})"
+        live_rows = [n for n, s in enumerate(idx_list) if s > null and s >= 0]
+        err = _rel(res[live_rows].float(), ref[live_rows])
+        assert err < tol_out, f"{w}: outputs {err}"
+        if pads:
+            if output is None:
+                assert (res[pads] == 0).all(), f"{w}: an allocated output's padding rows are zeros"
+            else:
+                assert torch.isnan(res[pads].float()).all(), f"{w}: a given output's padding rows are untouched"
+        _check_pool(model, pool, before, live, tol_state, w)
+        assert torch.equal(cache.cursor.cpu(), model.cursor), f"{w}: cursors\n{cache.cursor}\n{model.cursor}"
+        for s in live:
+            _check_rings(model, cache, s, model.live_rows(s), f"{w} slot {s}", tol_state)
+        if step == 6:  # an explicit fold and a reset between them
+            fidx = torch.tensor(rng.sample(users, 2) + [-1], dtype=idx_dt, device=DEV)
+            model.fold(fidx)
+            gdnjit.gated_delta_rule_lazy_fold(pool, fidx, cache)
+            ridx = torch.tensor(rng.sample(users, 2), dtype=idx_dt, device=DEV)
+            model.reset(ridx)
+            gdnjit.gated_delta_rule_lazy_reset(ridx, cache)
+            torch.cuda.synchronize()
+            assert torch.equal(cache.cursor.cpu(), model.cursor), "fold / reset: cursors"
+    assert (False, False) in eager_over and (True, False) in eager_over, eager_over
+    assert (False, True) in eager_over or (True, True) in eager_over, eager_over  # pending rows dropped
+
+
+def test_eager_errors():
+    """The eager form takes plain steps of one token: forced onto a speculative step (or T > 1) the dispatcher
+    refuses it, naming the constraint."""
+    g = torch.Generator(device=DEV).manual_seed(3)
+    H, HV, K, V, B = 1, 2, 64, 64, 2
+    pool, _ = _pool(g, 4, HV, V, K, f32)
+    cache = gdnjit.lazy_cache(4, H, HV, K, V, dtype=f32, device=DEV)
+    A_log, dtb = _gate_params(g, HV)
+    idx = torch.tensor([0, 2], dtype=i32, device=DEV)
+    for T, acc in ((1, torch.zeros(B, dtype=i32, device=DEV)), (2, None)):
+        q, k, v, a, b = _tokens(g, B, T, H, HV, K, V, bf)
+        with forcing(dict(EAGER, lanes_per_row=8, rows_per_lane=1, tile_v=32)):
+            with pytest.raises(ValueError, match="eager form is plain decoding"):
+                gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
 
 
 # ---- CUDA graphs ------------------------------------------------------------------------------------------------
@@ -590,7 +724,8 @@ def _report(what, sdt, rdt, res) -> str:
 @pytest.mark.parametrize("sdt,rdt", [(f32, f32), (bf, bf), (bf, f32)])
 def test_long_run_against_sequential_decoding(kind, sdt, rdt):
     """Long runs against float64 sequential decoding (the ground truth): 1000 plain T = 1 steps (a fold every 16
-    tokens; the rules give these 3 requests the tile form, `plain-rows` forces the rows form of large batches), or
+    tokens; the rules give these 3 requests the tile form, an fp32 state's the eager form (a fold every token; its
+    lazy tile form below), `plain-rows` forces the rows form of large batches), or
     200 speculative steps of T = 4 drafts with random accept counts 0..4; then a final fold. The drifts
     (max abs error / max abs reference) are printed, with a plain decode's over a pool of the same dtype
     (gated_delta_rule_decode_pretranspose; of the accepted tokens in the speculative run). fp32 state and rings:
@@ -608,6 +743,15 @@ def test_long_run_against_sequential_decoding(kind, sdt, rdt):
         return
     assert res["lazy_out"] < res["plain_out"], line
     assert res["lazy_state"] < (res["plain_state"] if rdt == f32 else 2e-2), line
+
+
+def test_long_run_fp32_lazy_tile():
+    """The plain long run above with an fp32 state and rings in the lazy tile form (the rules give these 3 requests
+    the eager form, which folds every token): the same bound, 1e-5."""
+    with forcing(LAZY_TILE):
+        res = _plain_run(f32, f32, 11, plain=False)
+    line = _report("lazy plain run, the tile form", f32, f32, res)
+    assert res["lazy_out"] < 1e-5 and res["lazy_state"] < 1e-5, line
 
 
 @pytest.mark.parametrize("kind", ["plain", "spec"])

@@ -99,11 +99,13 @@ def _row(x, n):
     return x[n:n + 1]
 
 
-@pytest.mark.parametrize("window,null,seed", [(16, -1, 0), (16, 0, 1), (8, 2, 2), (16, -1, 3)])
-def test_model_is_sequential_decoding_of_the_accepted_stream(window, null, seed):
+@pytest.mark.parametrize("window,null,seed,eager", [(16, -1, 0, False), (16, 0, 1, False), (8, 2, 2, False),
+                                                    (16, -1, 3, False), (16, 0, 4, True), (8, -1, 5, True)])
+def test_model_is_sequential_decoding_of_the_accepted_stream(window, null, seed, eager):
     """Random plain and speculative steps over a pool with gaps: every output (accepted or not) is sequential
     decoding from the slot's exact state; after every call each slot's current state (checkpoint + committed rows)
-    is the exact state; explicit folds leave it in the checkpoint; padding rows and unused slots touch nothing."""
+    is the exact state; explicit folds leave it in the checkpoint; padding rows and unused slots touch nothing.
+    ``eager``: half the plain one-token steps at window 0 (the eager form: the ring folded with the token, emptied)."""
     g = torch.Generator().manual_seed(100 + seed)
     rng = random.Random(seed)
     H, HV, K, V, slots = 2, 4, 8, 6, 14
@@ -118,15 +120,16 @@ def test_model_is_sequential_decoding_of_the_accepted_stream(window, null, seed)
     frozen = {s: (model.state[s].clone(), model.k[s].clone(), model.u[s].clone(), model.g[s].clone(),
                   model.cursor[s].clone()) for s in unused}
     folds_at = set()
-    for step in range(40):
+    for step in range(80 if eager else 40):
         B = rng.randint(1, 6)
         chosen = rng.sample(users, B)
         idx = list(chosen)
         pad = rng.randrange(B + 1)
         idx.insert(pad, -1 if null < 0 or rng.random() < 0.5 else rng.randint(0, null))
         B += 1
-        T = rng.choice([1, 1, 2, 3, 4, 5, 8, 11, 16])
+        T = rng.choice([1, 1, 2, 3, 4, 5, 8, 11, 16] + [1] * (6 if eager else 0))
         spec = rng.random() < 0.6
+        model.window = 0 if eager and T == 1 and not spec and rng.random() < 0.5 else window
         toks = _tokens(g, B, T, H, HV, K, V)
         if not kw["use_qk_l2norm"]:  # unit-size keys without the l2norm: the delta rule stays contractive
             toks = (toks[0], (toks[1].double() * K ** -0.5).to(bf)) + toks[2:]
@@ -144,6 +147,10 @@ def test_model_is_sequential_decoding_of_the_accepted_stream(window, null, seed)
             assert _close(out[n], expected), f"step {step} row {n} slot {s} T={T} spec={spec}"
             ln, base, pend, _ = before[s]
             P = ln + (min(max(acc[n], 0), pend) if spec else 0)
+            if model.window == 0:
+                folds_at.add(-P - 1)
+                assert model.cursor[s].tolist() == [0, (base + P) % 32, 0, 0], (step, s)
+                continue
             fold = P + T > window
             if fold:
                 folds_at.add(P)
@@ -172,7 +179,10 @@ def test_model_is_sequential_decoding_of_the_accepted_stream(window, null, seed)
                     assert _close(model.state[s], truth.state[s]), f"slot {s} after a fold"
             for s in which:
                 assert int(model.cursor[s, 0]) == 0 and int(model.cursor[s, 2]) == 0
-    assert len(folds_at) >= 5, folds_at  # folds in steps at several window lengths
+    assert len([p for p in folds_at if p >= 0]) >= 5, folds_at  # folds in steps at several window lengths
+    if eager:  # eager steps over an empty ring and over rings left by lazy steps
+        assert -1 in folds_at and len([p for p in folds_at if p < -1]) >= 2, folds_at
+    model.window = window
     for s, (st, k_, u_, g_, c_) in frozen.items():
         assert torch.equal(model.state[s], st) and torch.equal(model.cursor[s], c_), f"unused slot {s}"
         assert torch.equal(model.k[s], k_) and torch.equal(model.u[s], u_) and torch.equal(model.g[s], g_)
