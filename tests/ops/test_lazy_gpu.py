@@ -296,7 +296,6 @@ def test_loop_matches_the_model(case: Case):
             for p_, val in zip(pads, pad_values):
                 idx_list.insert(p_, val)
             idx = torch.tensor(idx_list, dtype=c.idx_dt, device=DEV)
-            live = [s for s in idx_list if s > c.null and s >= 0]
             q, k, v, a, b = _tokens(g, B, T, H, HV, K, V, c.in_dt)
             if not c.l2norm:  # unit-size keys without the l2norm: the delta rule stays contractive
                 k = (k.float() * K ** -0.5).to(c.in_dt)
@@ -314,18 +313,7 @@ def test_loop_matches_the_model(case: Case):
                                                     null_block_id=c.null, output=output, **kw)
             torch.cuda.synchronize()
             w = f"{what} step {step}"
-            live_rows = [n for n, s in enumerate(idx_list) if s > c.null and s >= 0]
-            err = _rel(out[live_rows].float(), ref[live_rows])
-            assert err < tol_out, f"{w}: outputs {err}"
-            if pads:
-                if output is None:
-                    assert (out[pads] == 0).all(), f"{w}: an allocated output's padding rows are zeros"
-                else:
-                    assert torch.isnan(out[pads].float()).all(), f"{w}: a given output's padding rows are untouched"
-            _check_pool(model, pool, before, live, tol_state, w)
-            assert torch.equal(cache.cursor.cpu(), model.cursor), f"{w}: cursors\n{cache.cursor}\n{model.cursor}"
-            for s in live:
-                _check_rings(model, cache, s, model.live_rows(s), f"{w} slot {s}", tol_state)
+            _check_step(model, pool, before, cache, out, ref, output, idx_list, pads, c.null, tol_out, tol_state, w)
             if step % 3 == 1:  # an explicit fold of some slots, with the last step's accepted counts
                 fidx_list = rng.sample(users, 3) + [-1]
                 fidx = torch.tensor(fidx_list, dtype=c.idx_dt, device=DEV)
@@ -353,6 +341,24 @@ def test_loop_matches_the_model(case: Case):
     if other_parts is not None:
         assert torch.equal(pool_pages[:, [0, 2]], other_parts), f"{what}: the pages' other parts were written"
         assert all(torch.isnan(p[:, [0, 2]].float()).all() for p in ring_pages), f"{what}: ring pages' other parts"
+
+
+def _check_step(model, pool, before, cache, out, ref, output, idx_list, pads, null, tol_out, tol_state, w):
+    """After a step: the live rows' outputs, the padding rows' (zeros in an allocated output, untouched in a given
+    one), the checkpoints, the cursors and the live ring rows, against the model."""
+    live = [s for s in idx_list if s > null and s >= 0]
+    live_rows = [n for n, s in enumerate(idx_list) if s > null and s >= 0]
+    err = _rel(out[live_rows].float(), ref[live_rows])
+    assert err < tol_out, f"{w}: outputs {err}"
+    if pads:
+        if output is None:
+            assert (out[pads] == 0).all(), f"{w}: an allocated output's padding rows are zeros"
+        else:
+            assert torch.isnan(out[pads].float()).all(), f"{w}: a given output's padding rows are untouched"
+    _check_pool(model, pool, before, live, tol_state, w)
+    assert torch.equal(cache.cursor.cpu(), model.cursor), f"{w}: cursors\n{cache.cursor}\n{model.cursor}"
+    for s in live:
+        _check_rings(model, cache, s, model.live_rows(s), f"{w} slot {s}", tol_state)
 
 
 def _check_pool(model, pool, before, live, tol, what):
@@ -458,17 +464,17 @@ def test_fold_and_reset_of_padding_and_null_blocks():
 EAGER = dict(form="eager", window=0)
 
 
-@pytest.mark.parametrize("K,V,H,rep,sdt,rdt,in_dt,lanes,rpl,tile_v,null,B,out,idx_dt,l2norm", [
-    (128, 128, 2, 2, f32, f32, bf, 8, 2, 32, -1, 5, "alloc", i32, True),
-    (128, 128, 2, 4, bf, bf, bf, 4, 2, 32, 0, 9, "same", i64, True),
-    (128, 128, 1, 2, bf, f32, fp16, 8, 4, 32, -1, 3, "fp32", i32, True),
-    (64, 256, 2, 3, fp16, fp16, fp16, 8, 1, 32, 0, 7, "alloc", i32, True),
-    (256, 64, 1, 1, f32, bf, bf, 16, 2, 32, -1, 4, "alloc", i64, False),
-    (256, 128, 2, 2, bf, bf, bf, 16, 4, 64, -1, 6, "fp32", i32, True),
-    (64, 64, 4, 1, f32, fp16, bf, 4, 1, 16, 0, 1, "same", i32, True),
+@pytest.mark.parametrize("K,V,H,rep,sdt,rdt,in_dt,lanes,rpl,tile_v,null,B,out,idx_dt,l2norm,gate_dt", [
+    (128, 128, 2, 2, f32, f32, bf, 8, 2, 32, -1, 5, "alloc", i32, True, f32),
+    (128, 128, 2, 4, bf, bf, bf, 4, 2, 32, 0, 9, "same", i64, True, bf),
+    (128, 128, 1, 2, bf, f32, fp16, 8, 4, 32, -1, 3, "fp32", i32, True, f32),
+    (64, 256, 2, 3, fp16, fp16, fp16, 8, 1, 32, 0, 7, "alloc", i32, True, fp16),
+    (256, 64, 1, 1, f32, bf, bf, 16, 2, 32, -1, 4, "alloc", i64, False, bf),
+    (256, 128, 2, 2, bf, bf, bf, 16, 4, 64, -1, 6, "fp32", i32, True, f32),
+    (64, 64, 4, 1, f32, fp16, bf, 4, 1, 16, 0, 1, "same", i32, True, fp16),
 ])
 def test_eager_steps_match_the_model(K, V, H, rep, sdt, rdt, in_dt, lanes, rpl, tile_v, null, B, out, idx_dt,
-                                     l2norm):
+                                     l2norm, gate_dt):
     """Eager steps (the eager form forced, window 0) between lazy plain steps (the rules'; an fp32 state's the tile
     form forced: the rules give it the eager form) and speculative steps (the rules'), folds and
     resets, over a pool with gaps and padding rows: an eager step over a slot whose ring holds committed rows (and
@@ -482,9 +488,10 @@ def test_eager_steps_match_the_model(K, V, H, rep, sdt, rdt, in_dt, lanes, rpl, 
     slots = 2 * B + 4
     pool, _ = _pool(g, slots, HV, V, K, sdt)
     cache, _ = _poisoned_cache(slots, H, HV, K, V, rdt)
-    A_log, dtb = _gate_params(g, HV)
+    A_log, dtb = _gate_params(g, HV, gate_dt)
     model = LazyModel.from_cache(pool, cache)
-    kw = dict(scale=None if l2norm else 0.05, use_qk_l2norm=l2norm)
+    kw = dict(scale=None if l2norm else 0.05, use_qk_l2norm=l2norm, softplus_beta=1.0 if l2norm else 2.0,
+              softplus_threshold=20.0 if l2norm else 1.5)
     tol_out, tol_state = _tols(sdt, rdt, {"alloc": in_dt, "fp32": f32, "same": in_dt}[out])
     first_user = max(null + 1, 0) + 1
     users = list(range(first_user, slots - 2))
@@ -525,19 +532,8 @@ def test_eager_steps_match_the_model(K, V, H, rep, sdt, rdt, in_dt, lanes, rpl, 
             res = gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc,
                                                     null_block_id=null, output=output, **kw)
         torch.cuda.synchronize()
-        w = f"step {step} ({kind})"
-        live_rows = [n for n, s in enumerate(idx_list) if s > null and s >= 0]
-        err = _rel(res[live_rows].float(), ref[live_rows])
-        assert err < tol_out, f"{w}: outputs {err}"
-        if pads:
-            if output is None:
-                assert (res[pads] == 0).all(), f"{w}: an allocated output's padding rows are zeros"
-            else:
-                assert torch.isnan(res[pads].float()).all(), f"{w}: a given output's padding rows are untouched"
-        _check_pool(model, pool, before, live, tol_state, w)
-        assert torch.equal(cache.cursor.cpu(), model.cursor), f"{w}: cursors\n{cache.cursor}\n{model.cursor}"
-        for s in live:
-            _check_rings(model, cache, s, model.live_rows(s), f"{w} slot {s}", tol_state)
+        _check_step(model, pool, before, cache, res, ref, output, idx_list, pads, null, tol_out, tol_state,
+                    f"step {step} ({kind})")
         if step == 6:  # an explicit fold and a reset between them
             fidx = torch.tensor(rng.sample(users, 2) + [-1], dtype=idx_dt, device=DEV)
             model.fold(fidx)
@@ -570,17 +566,19 @@ def test_eager_errors():
 # ---- CUDA graphs ------------------------------------------------------------------------------------------------
 
 
-def test_captured_loop_matches_eager():
-    """A CUDA graph of a short loop over two layers (a plain T = 1 step, two speculative T = 4 steps, a fold with
-    accepted counts), replayed with new inputs copied in, gives the bits of the same loop run eagerly on copies."""
+@pytest.mark.parametrize("sdt", [bf, f32])
+def test_captured_loop_matches_eager(sdt):
+    """A CUDA graph of a short loop over two layers (plain T = 1 steps and speculative T = 4 steps in turn, a fold with
+    accepted counts), replayed with new inputs copied in, gives the bits of the same loop run eagerly on copies. (An
+    fp32 state's plain steps take the eager form here, the second over rings the speculative step filled.)"""
     L, H, HV, K, V, B, slots = 2, 2, 8, 128, 128, 9, 14
     g = torch.Generator(device=DEV).manual_seed(9)
-    pools = [_pool(g, slots, HV, V, K, bf)[0] for _ in range(L)]
-    cache = gdnjit.lazy_cache(slots, H, HV, K, V, dtype=bf, device=DEV, layers=L)
+    pools = [_pool(g, slots, HV, V, K, sdt)[0] for _ in range(L)]
+    cache = gdnjit.lazy_cache(slots, H, HV, K, V, dtype=sdt, device=DEV, layers=L)
     A_log, dtb = _gate_params(g, HV)
     idx = torch.randperm(slots, device=DEV, generator=g)[:B].to(i32)
     idx[4] = -1
-    plan = [(1, False), (4, True), (4, True)]
+    plan = [(1, False), (4, True), (1, False), (4, True)]
     inputs = [[torch.zeros_like(x) for x in _tokens(g, B, T, H, HV, K, V, bf)] for T, _ in plan]
     accs = [torch.zeros(B, dtype=i32, device=DEV) for _ in range(len(plan) + 1)]
     outs = [[torch.zeros(B, T, HV, V, dtype=bf, device=DEV) for _ in range(L)] for T, _ in plan]
