@@ -6,6 +6,7 @@ reads S0 once, computes the outputs of its T new tokens from S0 and the ring, an
 written only when the slot *folds* (S0 <- the state after its P committed rows, ring emptied), which happens in the
 same launch when the next T rows would not fit the window W (a spec tunable, 16 by default). So a plain T = 1 decode
 moves about 1 + 1/W state passes a token instead of 2, and a speculative step one read plus its share of the folds.
+(At small batches an fp32 state's plain steps fold every token instead, W = 0: see Launches below.)
 
 Cursors live with the slot (``cache.cursor [slots, 4]`` int32: committed length, ring base, pending rows, an arrival
 count), so requests may join, leave and reorder between steps; the kernel commits them itself (the last CTA of a
@@ -137,7 +138,8 @@ def gated_delta_rule_lazy_step(
             V]``; a, b: ``[B, T, HV]`` (raw gates: g = -exp(A_log) * softplus(a + dt_bias), beta = sigmoid(b); heads
             contiguous); A_log, dt_bias: ``[HV]`` fp32 / bf16 / fp16 (contiguous).
         state: the checkpoint pool ``[slots, HV, V, K]`` fp32 / bf16 / fp16 (K contiguous; slot, head and row
-            strides free, 16-byte aligned), written only where a slot folds.
+            strides free, 16-byte aligned), written only where a slot folds (an fp32 state's plain steps at small
+            batches fold every step: the eager form, module docstring).
         state_indices: ``[B]`` int32 / int64, row n's slot; ``<= null_block_id`` (or negative) is padding: nothing
             read or written, its output rows zeros in an allocated output (left as they were in a given one).
         cache: this layer's :class:`LazyCache` (slots = ``state.shape[0]``, q / k heads H, the state's HV, K, V).
