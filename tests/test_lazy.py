@@ -312,7 +312,8 @@ def covering_variants() -> list[Variant]:
 
 def heavy_variants() -> list[Variant]:
     """Every valid tunable choice of the heaviest problems: T = 16, K = V = 256, fp32 everything (the largest staged
-    tile and tables, the most registers), both cursors, pending or not; their prep launches too."""
+    tile and tables, the most registers), both cursors, pending or not; their prep launches too; and the eager form's
+    (T = 1) at K = V = 256."""
     base = dict(SPEC.param_defaults, mode="step", T=16, K=256, V=256, in_dtype="fp16", out_dtype="fp32",
                 state_dtype="fp32", ring_dtype="fp32", alog_dtype="fp32", dtb_dtype="fp32", idx_dtype="int64",
                 l2norm=True, zero_pad=True)
@@ -323,6 +324,10 @@ def heavy_variants() -> list[Variant]:
         for mode in ("step", "prep"):
             p = {n: dict(base, mode=mode, **extra)[n] for n in SPEC.param_names}
             out += [Variant.make(SPEC, p, t, ARCH) for t in SPEC.all_tunable_choices() if SPEC.valid(p, t)]
+    # the eager form (plain steps of one token; its state in fp32 registers whatever the dtype): K = V = 256
+    p = {n: dict(base, T=1, cursor="slot", pending=False)[n] for n in SPEC.param_names}
+    out += [Variant.make(SPEC, p, t, ARCH) for t in SPEC.all_tunable_choices()
+            if dict(t)["form"] == "eager" and SPEC.valid(p, t)]
     return out
 
 
@@ -362,11 +367,32 @@ def test_covering_variants_compile_clean():
     _compile_clean(todo)
 
 
-@pytest.mark.full  # 16 more variants at the largest sizes (~15 s)
+@pytest.mark.full  # ~300 more variants at the largest sizes (~70 s)
 def test_every_tunable_of_the_heaviest_problems_compiles_clean():
     todo = heavy_variants()
     assert len(todo) >= 14, len(todo)
     _compile_clean(todo)
+
+
+def test_the_rules_give_an_fp32_states_small_plain_batches_the_eager_form():
+    """An fp32 state's plain steps (gdnjit's cursor) at B * HV <= 512 take the eager form (8 lanes x 2 rows, 16 at K
+    256), which compiles clean; larger batches, a 16-bit state, speculative steps and FlashInfer's cursor do not."""
+    base = dict(SPEC.param_defaults, mode="step", T=1, K=128, V=128, state_dtype="fp32", ring_dtype="fp32",
+                idx_dtype="int32")
+
+    def chosen(B, HV=32, **kw):
+        p = {n: dict(base, **kw)[n] for n in SPEC.param_names}
+        return p, dispatch.select(SPEC, p, dict(B=B, H=HV // 4, HV=HV, num_sms=132))[0]
+
+    for B, HV, kw in ((1, 32, {}), (16, 32, {}), (8, 64, {}), (4, 64, dict(ring_dtype="bf16")), (2, 16, dict(K=64)),
+                      (1, 32, dict(K=256, V=64))):
+        p, t = chosen(B, HV, **kw)
+        assert (t["form"], t["window"], t["lanes_per_row"]) == ("eager", 0, 16 if p["K"] == 256 else 8), (B, HV, kw)
+    _compile_clean([Variant.make(SPEC, *chosen(1, 32, K=256, V=64), ARCH)])
+    for B, HV, kw in ((17, 32, {}), (9, 64, {}), (1, 32, dict(state_dtype="bf16", ring_dtype="bf16")),
+                      (1, 32, dict(state_dtype="fp16", ring_dtype="fp32")), (1, 32, dict(pending=True)),
+                      (1, 32, dict(T=2)), (1, 32, dict(cursor="row", ring_dtype="bf16"))):
+        assert chosen(B, HV, **kw)[1]["form"] != "eager", (B, HV, kw)
 
 
 def test_scratch_layout_matches_the_spec():
