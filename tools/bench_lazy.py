@@ -39,7 +39,8 @@ Floors (microseconds at the copy bandwidth measured in this run, bench_common.co
   lazy fl  one read + the P ring rows read (mean P of the trajectory) + the T rows appended + q/k/v/a/b/o, plus a
            fold's two passes (a read and a write of the state) times the folds per step; the same for fi (bf16
            rings). The JSON also has `floor_inlaunch_us`: a fold inside the step's launch reuses the step's read, so
-           only its write counts.
+           only its write counts. Where the dispatcher gives plain steps the eager form (window 0: an fp32 state's
+           small batches), lazy1's floor is the decode's: the state read and written every step, no ring rows.
   decode / fused floors as tools/bench_spec.py (two passes + I/O; fused: + the raw tokens cached and read back).
 frac = floor / measured. Ratios: lazy1 / decode, lazy / fi, lazy / fused.
 
