@@ -395,6 +395,26 @@ def test_the_rules_give_an_fp32_states_small_plain_batches_the_eager_form():
         assert chosen(B, HV, **kw)[1]["form"] != "eager", (B, HV, kw)
 
 
+def test_the_rules_give_an_fp32_states_short_speculative_steps_the_rows_form():
+    """An fp32 state and rings' speculative steps of T 2 / 3 at B * HV >= 2048 take the rows form (8 lanes x 2 rows,
+    CTAs of 16 rows); T 4, smaller batches, K 256 (no rows shape fits its registers), 16-bit states or rings keep the
+    tile form."""
+    base = dict(SPEC.param_defaults, mode="step", K=128, V=128, state_dtype="fp32", ring_dtype="fp32",
+                idx_dtype="int32", pending=True)
+
+    def chosen(B, HV, **kw):
+        p = {n: dict(base, **kw)[n] for n in SPEC.param_names}
+        return dispatch.select(SPEC, p, dict(B=B, H=HV // 4, HV=HV, num_sms=132))[0]
+
+    for B, HV, kw in ((512, 64, dict(T=2)), (32, 64, dict(T=3)), (64, 32, dict(T=2)), (128, 32, dict(T=3, K=64)),
+                      (40, 64, dict(T=2, cursor="row", fold="auto"))):
+        t = chosen(B, HV, **kw)
+        assert (t["form"], t["lanes_per_row"], t["rows_per_lane"], t["tile_v"]) == ("rows", 8, 2, 16), (B, HV, kw)
+    for B, HV, kw in ((512, 64, dict(T=4)), (31, 64, dict(T=2)), (32, 32, dict(T=3)), (512, 64, dict(T=2, K=256)),
+                      (512, 64, dict(T=2, state_dtype="bf16", ring_dtype="bf16")), (512, 64, dict(T=2, ring_dtype="bf16"))):
+        assert chosen(B, HV, **kw)["form"] == "tile", (B, HV, kw)
+
+
 def test_scratch_layout_matches_the_spec():
     """gdnjit.lazy.scratch_bytes lays out the rows form's scratch as the kernels index it: a 16-byte record a row, the
     keys [H, 2T, K] fp32 a row, the spec's tab_words fp32 a (row, value head) (16-byte multiples)."""

@@ -222,6 +222,9 @@ CASES = [
     Case(T=1, sdt=bf, rdt=f32, B=37, null=0, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 4),
                                                      ("tile_v", 16))),
     Case(K=64, V=64, rep=2, T=2, in_dt=fp16, sdt=fp16, rdt=f32, spec=True, B=6),  # (its folds the rules' rows)
+    # an fp32 state's T 2 / 3 speculative steps at B * HV >= 2048: the rules' rows form
+    Case(K=64, V=64, H=16, rep=4, T=2, spec=True, B=33, null=0),
+    Case(K=128, V=64, H=8, rep=8, T=3, spec=True, B=34, idx_dt=i64, out="fp32"),
     # the prep launch's warps an item: one for all its value heads (the rules' large batches, and T >= 2), or 4
     Case(T=1, sdt=bf, rdt=bf, rep=4, B=5, null=0, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 4),
                                                          ("tile_v", 16), ("head_warps", 1))),
@@ -868,6 +871,15 @@ def test_folds_and_flashinfers_flush_a_chunk_at_a_time():
         test_fold_at_every_window_length(12, False, fp16, fp16, None)
         test_ucache_flush_matches_flashinfer_semantics(128, 128, 2, 4, bf, bf, True, None)
         test_ucache_flush_matches_flashinfer_semantics(128, 128, 1, 8, bf, bf, False, None)
+
+
+def test_flashinfers_flush_in_the_rows_form_with_short_steps():
+    """FlashInfer's flush kernel with an fp32 state and rings at T 2 / 3 in the rows form (the rules' choice there from
+    B * HV 2048 up; forced here at 6 rows): the caller's cursors through the prep and state launches."""
+    with forcing(ROWS_F32):
+        test_ucache_flush_matches_flashinfer_semantics(128, 128, 2, 2, f32, f32, True, None)
+        test_ucache_flush_matches_flashinfer_semantics(64, 128, 4, 3, f32, f32, False, 9)
+        test_ucache_verify_only_matches_flashinfer_semantics(128, 64, 2, 2, f32, f32)
 
 
 @pytest.mark.parametrize("K,V,rep,T,sdt,rdt", [(128, 128, 2, 4, bf, bf), (64, 128, 4, 8, fp16, fp16),
