@@ -304,6 +304,8 @@ def _evaluate(text: str, context: Mapping[str, Any]) -> Any:
             raise ExprError(f"expression {text!r}: {e.message}") from None
         if jinja2 is not None and isinstance(e, jinja2.exceptions.SecurityError):
             raise ExprError(f"expression {text!r}: {type(e).__name__}: {e}") from None
+        if jinja2 is not None and isinstance(e, NameError):  # a constant Jinja folded past the float range (1e308 *
+            raise ExprError(f"expression {text!r}: {e} (a constant past the float range?)") from None  # 10) reads `inf`
         raise
     if jinja2 is not None and isinstance(result, jinja2.Undefined):
         raise ExprError(f"expression {text!r} evaluated to undefined")

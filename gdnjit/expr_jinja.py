@@ -4,6 +4,8 @@ expressions are all in the subset (every shipped spec's) never imports Jinja."""
 
 from __future__ import annotations
 
+import math
+
 import jinja2
 import jinja2.sandbox
 from jinja2 import nodes
@@ -32,11 +34,33 @@ ENV.globals.update(GLOBALS)
 
 
 def compile_text(text: str):
-    """Jinja's compiled expression (a callable taking keyword values); ExprError for a syntax error."""
+    """Jinja's compiled expression (a callable taking keyword values); ExprError for a syntax error or a number
+    literal past the float range."""
+    _finite_literals(_parse(text), text)
     try:
         return ENV.compile_expression(text, undefined_to_none=False)
     except jinja2.TemplateSyntaxError as e:
         raise ExprError(f"syntax error in expression {text!r}: {e.message}") from None
+
+
+def _parse(text: str) -> nodes.Expr:
+    """The expression node of ``text`` as ``compile_expression`` parses it; ExprError for a syntax error."""
+    try:
+        parser = Parser(ENV, text, state="variable")
+        node = parser.parse_expression()
+        if not parser.stream.eos:
+            raise jinja2.TemplateSyntaxError("chunk after expression", parser.stream.current.lineno, None, None)
+    except jinja2.TemplateSyntaxError as e:
+        raise ExprError(f"syntax error in expression {text!r}: {e.message}") from None
+    return node
+
+
+def _finite_literals(node: nodes.Node, text: str) -> None:
+    """Refuse a number literal past the float range (1e400): Jinja's code generator writes it as the name ``inf``,
+    which no context defines (a NameError at every evaluation)."""
+    for c in (node, *node.find_all(nodes.Const)):
+        if isinstance(c, nodes.Const) and isinstance(c.value, float) and not math.isfinite(c.value):
+            raise ExprError(f"expression {text!r}: a number literal past the float range")
 
 
 # Node types for which Jinja's code generator has no check of its own that can fail, when a call passes no
@@ -91,13 +115,8 @@ def _small_arithmetic(node: nodes.Node) -> bool:
 def check_text(text: str, compile_expr) -> frozenset[str]:
     """expr.check_expr for a text outside the common subset: parse as Jinja does, compile where the parse cannot
     decide (``compile_expr``), return the free names."""
-    try:
-        parser = Parser(ENV, text, state="variable")
-        node = parser.parse_expression()
-        if not parser.stream.eos:
-            raise jinja2.TemplateSyntaxError("chunk after expression", parser.stream.current.lineno, None, None)
-    except jinja2.TemplateSyntaxError as e:
-        raise ExprError(f"syntax error in expression {text!r}: {e.message}") from None
+    node = _parse(text)
+    _finite_literals(node, text)
     try:
         _plain_names(node)
         if sum(map(text.count, "([{")) > MAX_PLAIN_DEPTH:  # deep brackets: the compile's own parse may recurse

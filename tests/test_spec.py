@@ -990,6 +990,20 @@ def test_expr_sandbox_does_not_mutate():
     assert x == []
 
 
+def test_expr_number_literals_past_the_float_range_are_errors():
+    """Jinja writes a float past the float range as the name `inf`, which no context defines: a literal such as 1e400
+    is refused when checked (a spec naming it fails to load), and a constant Jinja folds past the range is an ExprError
+    when evaluated, not a NameError (found by tests/test_fuzz.py's spec loader: a `dispatch_params` entry `1E400`)."""
+    for text in ("1E400", "int(1E400)", "-1e400 < x", "x + 1e999", "[1e400][0]"):
+        with pytest.raises(gexpr.ExprError, match="past the float range"):
+            gexpr.check_expr(text)
+        with pytest.raises(gexpr.ExprError, match="past the float range"):
+            gexpr.evaluate(text, {"x": 1})
+    with pytest.raises(gexpr.ExprError, match="float range"):
+        gexpr.evaluate("[x, 1e308 * 10][0]", {"x": 1})
+    assert gexpr.evaluate("1e308 * 10", {}) == float("inf")  # Python's arithmetic (the common subset): inf
+
+
 def test_expr_sandbox_range_limit_is_expr_error():
     with pytest.raises(gexpr.ExprError):
         gexpr.evaluate("range(n) | list | length", {"n": 10**6})
