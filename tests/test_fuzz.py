@@ -773,11 +773,22 @@ def test_oracle_agrees_on_the_plain_cases(no_launch):
 #             validation and fails at launch (struct.pack 'f') after a compile.
 #   gdn-3     gdnjit/gdn.py prepare: an output whose rows overlap in memory (stride 0, e.g. from
 #             expand) is accepted; the kernel's rows then race on the same elements.
+#   spec-2    gdnjit/expr_jinja.py: a number literal past the float range (`dispatch_params` entry `1E400`,
+#             `int(1E400)`) compiled by Jinja as the name `inf`: parse_spec raised NameError, not SpecError
+#             (session 53's CI run of test_fuzz_spec_loader).
 
 
 def test_bug_spec_plain_document():
     spec = parse_spec(yaml.safe_load((SPEC_DIR / "gdn.yaml").read_text()), "gdn.yaml")
     assert spec == get_spec("gdn") or spec.name == "gdn"
+
+
+@pytest.mark.parametrize("text", ["1E400", "int(1E400)"])
+def test_bug_spec_float_literal_past_the_range(text):
+    doc = copy.deepcopy(GDN_DOC)
+    doc["dispatch_params"]["inter_dtype"] = text
+    with pytest.raises(SpecError, match=r"dispatch_params\.inter_dtype.*past the float range"):
+        parse_spec(lined(doc), SPEC_FILE)
 
 
 def _shapes_file(tmp_path: Path, mutate) -> Path:
