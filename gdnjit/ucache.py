@@ -224,8 +224,10 @@ def gated_delta_rule_mtp_ucache_flush(
             if isinstance(x, torch.Tensor) and not x.is_contiguous():
                 raise ContractError(f"{arg}: restart_hist_on_flush=True commits it in place: expected a contiguous "
                                     f"tensor, got strides {x.stride()}")
-        if isinstance(hist_len, torch.Tensor) and isinstance(cache_base, torch.Tensor) and \
-                hist_len.numel() and not torch.cuda.is_current_stream_capturing():
+        # (the ranges of int32 CUDA cursors; any other hist_len / cache_base is refused by the checks below)
+        if isinstance(hist_len, torch.Tensor) and isinstance(cache_base, torch.Tensor) and hist_len.numel() and \
+                hist_len.is_cuda and cache_base.is_cuda and hist_len.dtype == cache_base.dtype == torch.int32 and \
+                not torch.cuda.is_current_stream_capturing():
             lo, hi = (int(x) for x in hist_len.aminmax())
             if lo < 0 or hi > WINDOW:
                 raise ContractError(f"hist_len out of legal range [0, {WINDOW}]: min={lo} max={hi}")

@@ -34,6 +34,7 @@ import gdnjit
 from gdnjit import dispatch, gdn, runner
 from gdnjit.errors import SpecError
 from gdnjit.launch import Launcher
+from gdnjit.lazy import prepare_step
 from gdnjit.shapes import SHAPES_DIR, load_shapes, params_for
 from gdnjit.spec import SPEC_DIR, get_spec, parse_spec
 from gdnjit.yamlio import LineDict, LineList, load_yaml, read_yaml_file
@@ -756,6 +757,192 @@ def test_oracle_agrees_on_the_plain_cases(no_launch):
         assert oracle(fn, bad) == {"A_log"}
 
 
+# ---- (d) lazy-state argument checks ---------------------------------------------------------------
+
+LAZY_ARG_NAMES = {
+    "q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "state_indices", "cache", "cache.k", "cache.u", "cache.g",
+    "cache.cursor", "num_accepted", "scale", "use_qk_l2norm", "softplus_beta", "softplus_threshold", "null_block_id",
+    "output",
+}
+LAZY_TENSORS = ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "state_indices", "num_accepted", "output")
+LAZY_SCALARS = {"scale": SCALES, "softplus_beta": SCALES, "softplus_threshold": SCALES, "use_qk_l2norm": FLAGS,
+                "null_block_id": [-2, -1, 0, 3, 1.0, True, None, "0", 10 ** 20]}
+_LAZY_MSG = re.compile(r"^([\w.]+): \S")
+
+
+def _mutated_tensor(draw, x):
+    """A tensor argument made wrong in one way (or None, or not a tensor)."""
+    kind = draw(st.sampled_from(["dtype", "grow", "dims", "strided", "none", "other"]))
+    if kind == "none":
+        return None, kind
+    if kind == "other" or not isinstance(x, torch.Tensor):
+        return draw(st.sampled_from(NON_TENSORS)), "other"
+    if kind == "dtype":
+        return torch.zeros(x.shape, dtype=draw(st.sampled_from(ALL_DTYPES))), kind
+    if kind == "grow" and x.dim() > 0:
+        d = draw(st.integers(0, x.dim() - 1))
+        shape = list(x.shape)
+        shape[d] += draw(st.sampled_from([1, 16]))
+        return torch.zeros(shape, dtype=x.dtype), f"grow dim {d}"
+    if kind == "dims":
+        return (x[..., None] if draw(st.booleans()) or x.dim() == 0 or x.shape[0] == 0 else x[0]), kind
+    if x.dim() == 0 or x.shape[-1] < 2:
+        return x[..., None], "dims"
+    return torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)[..., ::2], kind
+
+
+@st.composite
+def lazy_case(draw):
+    """(kwargs of gdnjit.lazy.prepare_step, mutations): valid before the mutations."""
+    B, T = draw(st.sampled_from([0, 1, 3])), draw(st.sampled_from([1, 2, 16]))
+    H = draw(st.sampled_from([1, 2]))
+    HV = H * draw(st.sampled_from([1, 2]))
+    K, V = draw(st.sampled_from([64, 128, 256])), draw(st.sampled_from([64, 128]))
+    dt = draw(st.sampled_from(IN_DTYPES))
+    sdt, rdt = (draw(st.sampled_from((torch.float32, torch.bfloat16, torch.float16))) for _ in range(2))
+    S = B + draw(st.sampled_from([1, 3]))
+    args = dict(q=torch.zeros(B, T, H, K, dtype=dt), k=torch.zeros(B, T, H, K, dtype=dt),
+                v=torch.zeros(B, T, HV, V, dtype=dt), A_log=torch.zeros(HV, dtype=draw(st.sampled_from(DTB_DTYPES))),
+                a=torch.zeros(B, T, HV, dtype=dt), dt_bias=torch.zeros(HV, dtype=draw(st.sampled_from(DTB_DTYPES))),
+                b=torch.zeros(B, T, HV, dtype=dt), state=torch.zeros(S, HV, V, K, dtype=sdt),
+                state_indices=torch.arange(B, dtype=draw(st.sampled_from(IDX_DTYPES))),
+                cache=gdnjit.lazy_cache(S, H, HV, K, V, dtype=rdt),
+                num_accepted=torch.zeros(B, dtype=torch.int32) if draw(st.booleans()) else None, scale=None,
+                use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0, null_block_id=-1,
+                output=torch.zeros(B, T, HV, V, dtype=draw(st.sampled_from(OUT_DTYPES))) if draw(st.booleans()) else None)
+    mutations = []
+    for _ in range(draw(st.integers(0, 2))):
+        name = draw(st.sampled_from(LAZY_TENSORS + tuple(LAZY_SCALARS) + ("cache",)))
+        if name in LAZY_SCALARS:
+            args[name] = draw(st.sampled_from(LAZY_SCALARS[name]))
+            mutations.append(f"{name}={args[name]!r}")
+        elif name == "cache":
+            i = draw(st.integers(0, 4))
+            if i == 4 or not isinstance(args["cache"], gdnjit.LazyCache):
+                args["cache"] = draw(st.sampled_from([None, (1, 2, 3, 4), ()]))
+                mutations.append("cache: not a LazyCache")
+            else:
+                fields = list(args["cache"])
+                fields[i], what = _mutated_tensor(draw, fields[i])
+                args["cache"] = gdnjit.LazyCache(*fields)
+                mutations.append(f"cache field {i}: {what}")
+        else:
+            args[name], what = _mutated_tensor(draw, args[name])
+            mutations.append(f"{name}: {what}")
+    return args, mutations
+
+
+@FUZZ
+@given(lazy_case())
+def test_fuzz_lazy_argument_checks(case):
+    """gdnjit.lazy's step checks on random valid calls with up to two arguments made wrong: the checks accept a call
+    or refuse it with a TypeError / ValueError whose one-line message starts with the argument's name; no other
+    exception escapes (a kernel would otherwise get what it cannot take); a call with no mutation is accepted."""
+    args, mutations = case
+    try:
+        output, call = prepare_step(*args.values(), require_cuda=False)
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        assert "\n" not in msg, msg
+        m = _LAZY_MSG.match(msg)
+        assert m and m.group(1) in LAZY_ARG_NAMES, f"message does not start with an argument name: {msg!r}"
+        assert mutations, f"valid input refused: {msg}"
+        event(f"{type(e).__name__} naming {m.group(1)}")
+        return
+    event("accepted")
+    (B, T), (HV, V) = args["q"].shape[:2], args["v"].shape[2:]
+    assert (call is None) == (B == 0) and tuple(output.shape) == (B, T, HV, V), mutations
+
+
+UCACHE_FNS = ("gated_delta_rule_mtp_ucache", "gated_delta_rule_mtp_ucache_flush")
+UCACHE_ARG_NAMES = {
+    "q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_source", "initial_state_indices", "k_cache", "u_cache",
+    "g_cache", "hist_len", "cache_base", "flush_min", "scale", "softplus_beta", "softplus_threshold", "output",
+    "use_qk_l2norm_in_kernel", "restart_hist_on_flush", "disable_state_update", *UCACHE_FNS,
+}
+UCACHE_TENSORS = ("q", "k", "v", "a", "b", "A_log", "dt_bias", "initial_state_source", "initial_state_indices",
+                  "k_cache", "u_cache", "g_cache", "hist_len", "cache_base", "output")
+UCACHE_SCALARS = {"scale": SCALES, "softplus_beta": SCALES, "softplus_threshold": SCALES,
+                  "use_qk_l2norm_in_kernel": FLAGS, "restart_hist_on_flush": FLAGS, "disable_state_update": FLAGS,
+                  "flush_min": [None, 0, 1, 15, 16, 17, -1, 2.0, True, "3", 10 ** 20]}
+
+
+@st.composite
+def ucache_case(draw):
+    """(function name, kwargs, mutations) for FlashInfer's u-cache calls, valid before the mutations."""
+    flush = draw(st.booleans())
+    fn = UCACHE_FNS[flush]
+    B, T = draw(st.sampled_from([0, 1, 3])), draw(st.sampled_from([1, 2, 4, 16]))
+    H = draw(st.sampled_from([1, 2]))
+    HV = H * draw(st.sampled_from([1, 2]))
+    K, V = draw(st.sampled_from([64, 128])), draw(st.sampled_from([64, 128]))
+    dt = draw(st.sampled_from(IN_DTYPES))
+    sdt, rdt = (draw(st.sampled_from((torch.float32, torch.bfloat16, torch.float16))) for _ in range(2))
+    S, rows = B + draw(st.sampled_from([1, 3])), 32 if flush else 16
+    args = dict(A_log=torch.zeros(HV), a=torch.zeros(B, T, HV, dtype=dt), dt_bias=torch.zeros(HV),
+                q=torch.zeros(B, T, H, K, dtype=dt), k=torch.zeros(B, T, H, K, dtype=dt),
+                v=torch.zeros(B, T, HV, V, dtype=dt), b=torch.zeros(B, T, HV, dtype=dt),
+                initial_state_source=torch.zeros(S, HV, V, K, dtype=sdt),
+                initial_state_indices=torch.arange(B, dtype=draw(st.sampled_from(IDX_DTYPES))) if draw(st.booleans())
+                else None,
+                k_cache=torch.zeros(S, H, rows, K, dtype=rdt), u_cache=torch.zeros(S, HV, rows, V, dtype=rdt),
+                g_cache=torch.zeros(S, HV, rows), hist_len=torch.zeros(B, dtype=torch.int32))
+    if flush:
+        args["cache_base"] = torch.zeros(B, dtype=torch.int32)
+    mutations = []
+    for _ in range(draw(st.integers(0, 2))):
+        name = draw(st.sampled_from(UCACHE_TENSORS + tuple(UCACHE_SCALARS)))
+        if not flush and name in ("cache_base", "flush_min", "restart_hist_on_flush"):
+            continue  # not the verify-only call's arguments
+        if name in UCACHE_SCALARS:
+            args[name] = draw(st.sampled_from(UCACHE_SCALARS[name]))
+            mutations.append(f"{name}={args[name]!r}")
+        else:
+            args[name], what = _mutated_tensor(draw, args.get(name))
+            mutations.append(f"{name}: {what}")
+    return fn, args, mutations
+
+
+@pytest.fixture(scope="module")
+def ucache_no_launch():
+    """The u-cache calls' checks on CPU tensors; a call that passes them raises Reached instead of launching."""
+    from gdnjit import lazy as lazy_mod, ucache
+
+    mp = pytest.MonkeyPatch()
+    check_state = lazy_mod.check_state
+    mp.setattr(lazy_mod, "check_state", lambda state, require_cuda=True: check_state(state, False))
+
+    def reached(*a, **kw):
+        raise Reached()
+
+    mp.setattr(ucache, "launch_device", reached)
+    yield
+    mp.undo()
+
+
+@FUZZ
+@given(ucache_case())
+def test_fuzz_ucache_argument_checks(ucache_no_launch, case):
+    """FlashInfer's u-cache drop-ins on random valid calls with up to two arguments made wrong: each call reaches the
+    launch or is refused with a TypeError / ValueError (gdnjit.ContractError among them) whose one-line message starts
+    with the argument's name or the function's; no other exception escapes; a call with no mutation is accepted."""
+    fn, args, mutations = case
+    try:
+        out = getattr(gdnjit, fn)(**args)
+    except Reached:
+        event("reached the launch")
+        return
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        assert "\n" not in msg, msg
+        m = _LAZY_MSG.match(msg)
+        assert m and m.group(1) in UCACHE_ARG_NAMES, f"message does not start with an argument name: {msg!r}"
+        assert mutations, f"valid input refused: {msg}"
+        event(f"{type(e).__name__} naming {m.group(1)}")
+        return
+    assert args["q"].shape[0] == 0 and out.shape[0] == 0, mutations  # B == 0: an empty output, nothing launched
+
+
 # ---- known bugs (found by the fuzzers above), pinned until fixed ---------------------------------
 # KNOWN_BUGS:
 #   spec-1    gdnjit/spec.py parse_spec (lines 242 and 265): `cons_doc.line_of(i)` / `rules_doc.line_of(i)`
@@ -773,6 +960,9 @@ def test_oracle_agrees_on_the_plain_cases(no_launch):
 #             validation and fails at launch (struct.pack 'f') after a compile.
 #   gdn-3     gdnjit/gdn.py prepare: an output whose rows overlap in memory (stride 0, e.g. from
 #             expand) is accepted; the kernel's rows then race on the same elements.
+#   ucache-1  gdnjit/ucache.py gated_delta_rule_mtp_ucache_flush: restart_hist_on_flush's range check ran
+#             before the cursors' checks: a bool / complex hist_len raised RuntimeError from aminmax, and on a
+#             CPU-only torch torch.cuda.is_current_stream_capturing() did (session 53's u-cache fuzz).
 #   spec-2    gdnjit/expr_jinja.py: a number literal past the float range (`dispatch_params` entry `1E400`,
 #             `int(1E400)`) compiled by Jinja as the name `inf`: parse_spec raised NameError, not SpecError
 #             (session 53's CI run of test_fuzz_spec_loader).
@@ -789,6 +979,19 @@ def test_bug_spec_float_literal_past_the_range(text):
     doc["dispatch_params"]["inter_dtype"] = text
     with pytest.raises(SpecError, match=r"dispatch_params\.inter_dtype.*past the float range"):
         parse_spec(lined(doc), SPEC_FILE)
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.complex64, torch.int64, torch.float32])
+def test_bug_ucache_cursor_dtype_before_its_range(ucache_no_launch, dtype):
+    bf, B, T, HV = torch.bfloat16, 3, 2, 2
+    with pytest.raises(TypeError, match=r"^hist_len: expected dtype int32"):
+        gdnjit.gated_delta_rule_mtp_ucache_flush(
+            torch.zeros(HV), torch.zeros(B, T, HV, dtype=bf), torch.zeros(HV), q=torch.zeros(B, T, 1, 64, dtype=bf),
+            k=torch.zeros(B, T, 1, 64, dtype=bf), v=torch.zeros(B, T, HV, 64, dtype=bf),
+            b=torch.zeros(B, T, HV, dtype=bf), initial_state_source=torch.zeros(4, HV, 64, 64, dtype=bf),
+            k_cache=torch.zeros(4, 1, 32, 64, dtype=bf), u_cache=torch.zeros(4, HV, 32, 64, dtype=bf),
+            g_cache=torch.zeros(4, HV, 32), hist_len=torch.zeros(B, dtype=dtype),
+            cache_base=torch.zeros(B, dtype=torch.int32))
 
 
 def _shapes_file(tmp_path: Path, mutate) -> Path:
