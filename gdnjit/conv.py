@@ -43,6 +43,12 @@ def prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_acc
     silu = silu_flag(activation)
     if pad_slot_id is not None and (isinstance(pad_slot_id, bool) or not isinstance(pad_slot_id, int)):
         raise TypeError(f"pad_slot_id: expected an int or None, got {type(pad_slot_id).__name__}")
+    if pad_slot_id is not None and not -2 ** 63 <= pad_slot_id < 2 ** 63:
+        raise ValueError(f"pad_slot_id: expected an int64 (the kernel compares it with the slot indices), got "
+                         f"{pad_slot_id}")
+    if x.dim() not in (2, 3):
+        raise ValueError(f"x: expected [B, D] or [B, D, T] ([tokens, D] with query_start_loc), got shape "
+                         f"{tuple(x.shape)}")
     varlen = query_start_loc is not None
     if varlen:
         if conv_state_indices is None:
@@ -60,7 +66,7 @@ def prepare(x, conv_state, weight, bias, activation, conv_state_indices, num_acc
         _v.shape_is("x", x, (B, D, T), "[B, D, T]")
     spec = get_spec(SPEC)
     if not spec.accepts("T", T):
-        raise ValueError(f"x: at most 64 tokens per request (x.shape[2] / max_query_len), got {T}")
+        raise ValueError(f"x: expected 1..64 tokens per request (x.shape[2] / max_query_len), got {T}")
     idx_dtype = _v.index_tensor("conv_state_indices", conv_state_indices, B, device, contiguous=False)
     acc_dtype = _v.index_tensor("num_accepted_tokens", num_accepted_tokens, B, device)
     qsl_dtype = _v.index_tensor("query_start_loc", query_start_loc, B + 1, device, "[B + 1]")

@@ -19,6 +19,7 @@ import functools
 import math
 import os
 import re
+import struct
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -852,6 +853,14 @@ def test_fuzz_lazy_argument_checks(case):
     event("accepted")
     (B, T), (HV, V) = args["q"].shape[:2], args["v"].shape[2:]
     assert (call is None) == (B == 0) and tuple(output.shape) == (B, T, HV, V), mutations
+    if call is not None:
+        _pack(call)
+
+
+def _pack(call) -> bytes:
+    """A named call's arguments packed as the launch packs them: every value fits its kernel argument's type."""
+    return struct.pack("<" + "".join({"ptr": "Q", "i64": "q", "i32": "i", "f32": "f"}[ty] for _, ty in call.spec.args),
+                       *call.arg_values())
 
 
 UCACHE_FNS = ("gated_delta_rule_mtp_ucache", "gated_delta_rule_mtp_ucache_flush")
@@ -943,6 +952,74 @@ def test_fuzz_ucache_argument_checks(ucache_no_launch, case):
     assert args["q"].shape[0] == 0 and out.shape[0] == 0, mutations  # B == 0: an empty output, nothing launched
 
 
+# ---- (e) conv1d update argument checks -----------------------------------------------------------
+
+CONV_ARG_NAMES = {"x", "conv_state", "weight", "bias", "activation", "conv_state_indices", "num_accepted_tokens",
+                  "query_start_loc", "max_query_len", "pad_slot_id", "out"}
+CONV_TENSORS = ("x", "conv_state", "weight", "bias", "conv_state_indices", "num_accepted_tokens", "query_start_loc",
+                "out")
+CONV_SCALARS = {"activation": [None, "silu", "swish", True, False, "relu", 1, [1]],
+                "max_query_len": [None, -1, 0, 1, 3, 65, 2.0, True, 10 ** 20],
+                "pad_slot_id": [None, -1, 0, 7, 2 ** 63, -2 ** 63 - 1, 1.5, True, "1"]}
+
+
+@st.composite
+def conv_case(draw):
+    """(kwargs of gdnjit.conv.prepare, mutations): valid before the mutations (plain [B, D], [B, D, T] with or
+    without accepted counts, or varlen [tokens, D])."""
+    B, D, W = draw(st.sampled_from([0, 1, 3])), draw(st.sampled_from([8, 16, 24])), draw(st.integers(2, 6))
+    dt = draw(st.sampled_from((torch.float32, torch.bfloat16, torch.float16)))
+    kind = draw(st.sampled_from(["2d", "3d", "varlen"]))
+    T = 1 if kind == "2d" else draw(st.sampled_from([1, 2, 4]))
+    acc = kind != "2d" and draw(st.booleans())
+    S = B + draw(st.sampled_from([0, 2]))
+    idx = torch.arange(B, dtype=draw(st.sampled_from(IDX_DTYPES))) if kind == "varlen" or draw(st.booleans()) else None
+    x = {"2d": torch.zeros(B, D, dtype=dt), "3d": torch.zeros(B, D, T, dtype=dt),
+         "varlen": torch.zeros(B * T, D, dtype=dt)}[kind]
+    args = dict(x=x, conv_state=torch.zeros(S, D, W - 2 + T if acc else W - 1, dtype=dt),
+                weight=torch.zeros(D, W, dtype=dt), bias=torch.zeros(D, dtype=dt) if draw(st.booleans()) else None,
+                activation=draw(st.sampled_from([None, "silu"])), conv_state_indices=idx,
+                num_accepted_tokens=torch.ones(B, dtype=torch.int32) if acc else None,
+                query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32) if kind == "varlen" else None,
+                max_query_len=T if kind == "varlen" else None, pad_slot_id=draw(st.sampled_from([None, -1])),
+                out=torch.zeros_like(x) if draw(st.booleans()) else None)
+    mutations = []
+    for _ in range(draw(st.integers(0, 2))):
+        name = draw(st.sampled_from(CONV_TENSORS + tuple(CONV_SCALARS)))
+        if name in CONV_SCALARS:
+            args[name] = draw(st.sampled_from(CONV_SCALARS[name]))
+            mutations.append(f"{name}={args[name]!r}")
+        else:
+            args[name], what = _mutated_tensor(draw, args[name])
+            mutations.append(f"{name}: {what}")
+    return args, mutations
+
+
+@FUZZ
+@given(conv_case())
+def test_fuzz_conv_argument_checks(case):
+    """gdnjit.conv's checks (causal_conv1d_update) on random valid calls with up to two arguments made wrong: the
+    call is accepted (its arguments pack for the launch) or refused with a TypeError / ValueError whose one-line
+    message starts with the argument's name; no other exception escapes; a call with no mutation is accepted."""
+    from gdnjit import conv
+
+    args, mutations = case
+    try:
+        out, call = conv.prepare(*args.values(), require_cuda=False)
+    except (TypeError, ValueError) as e:
+        msg = str(e)
+        assert "\n" not in msg, msg
+        m = _LAZY_MSG.match(msg)
+        assert m and m.group(1) in CONV_ARG_NAMES, f"message does not start with an argument name: {msg!r}"
+        assert mutations, f"valid input refused: {msg}"
+        event(f"{type(e).__name__} naming {m.group(1)}")
+        return
+    event("accepted")
+    if call is not None:  # every value fits its kernel argument (the launch packs them so)
+        event("accepted with a launch")
+        _pack(call)
+
+
 # ---- known bugs (found by the fuzzers above), pinned until fixed ---------------------------------
 # KNOWN_BUGS:
 #   spec-1    gdnjit/spec.py parse_spec (lines 242 and 265): `cons_doc.line_of(i)` / `rules_doc.line_of(i)`
@@ -963,6 +1040,9 @@ def test_fuzz_ucache_argument_checks(ucache_no_launch, case):
 #   ucache-1  gdnjit/ucache.py gated_delta_rule_mtp_ucache_flush: restart_hist_on_flush's range check ran
 #             before the cursors' checks: a bool / complex hist_len raised RuntimeError from aminmax, and on a
 #             CPU-only torch torch.cuda.is_current_stream_capturing() did (session 53's u-cache fuzz).
+#   conv-1    gdnjit/conv.py prepare: a 0-dim x raised IndexError (x.shape[0]); a pad_slot_id past int64 passed
+#             the checks and failed when the launch packed it (session 53's conv fuzz; pinned in
+#             tests/ops/test_conv_validation.py, with T = 0's message now "expected 1..64 tokens").
 #   spec-2    gdnjit/expr_jinja.py: a number literal past the float range (`dispatch_params` entry `1E400`,
 #             `int(1E400)`) compiled by Jinja as the name `inf`: parse_spec raised NameError, not SpecError
 #             (session 53's CI run of test_fuzz_spec_loader).
