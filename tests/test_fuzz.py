@@ -792,6 +792,42 @@ def _mutated_tensor(draw, x):
     return torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)[..., ::2], kind
 
 
+def _mutate(draw, args: dict, tensors: tuple, scalars: dict, cache: bool = False) -> list:
+    """Up to two of ``args`` made wrong in place: a tensor (_mutated_tensor), a scalar (one of ``scalars[name]``),
+    or with ``cache`` the LazyCache (one field, or the whole of it); returns the descriptions."""
+    mutations = []
+    for _ in range(draw(st.integers(0, 2))):
+        name = draw(st.sampled_from(tensors + tuple(scalars) + (("cache",) if cache else ())))
+        if name in scalars:
+            args[name] = draw(st.sampled_from(scalars[name]))
+            mutations.append(f"{name}={args[name]!r}")
+        elif name == "cache":
+            i = draw(st.integers(0, 4))
+            if i == 4 or not isinstance(args["cache"], gdnjit.LazyCache):
+                args["cache"] = draw(st.sampled_from([None, (1, 2, 3, 4), ()]))
+                mutations.append("cache: not a LazyCache")
+            else:
+                fields = list(args["cache"])
+                fields[i], what = _mutated_tensor(draw, fields[i])
+                args["cache"] = gdnjit.LazyCache(*fields)
+                mutations.append(f"cache field {i}: {what}")
+        else:
+            args[name], what = _mutated_tensor(draw, args.get(name))
+            mutations.append(f"{name}: {what}")
+    return mutations
+
+
+def _clean_refusal(e: Exception, names: set, mutations: list) -> None:
+    """A refused call's error: one line starting with an argument's (or the function's) name, for a call that had
+    something wrong."""
+    msg = str(e)
+    assert "\n" not in msg, msg
+    m = _LAZY_MSG.match(msg)
+    assert m and m.group(1) in names, f"message does not start with an argument name: {msg!r}"
+    assert mutations, f"valid input refused: {msg}"
+    event(f"{type(e).__name__} naming {m.group(1)}")
+
+
 @st.composite
 def lazy_case(draw):
     """(kwargs of gdnjit.lazy.prepare_step, mutations): valid before the mutations."""
@@ -811,25 +847,7 @@ def lazy_case(draw):
                 num_accepted=torch.zeros(B, dtype=torch.int32) if draw(st.booleans()) else None, scale=None,
                 use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0, null_block_id=-1,
                 output=torch.zeros(B, T, HV, V, dtype=draw(st.sampled_from(OUT_DTYPES))) if draw(st.booleans()) else None)
-    mutations = []
-    for _ in range(draw(st.integers(0, 2))):
-        name = draw(st.sampled_from(LAZY_TENSORS + tuple(LAZY_SCALARS) + ("cache",)))
-        if name in LAZY_SCALARS:
-            args[name] = draw(st.sampled_from(LAZY_SCALARS[name]))
-            mutations.append(f"{name}={args[name]!r}")
-        elif name == "cache":
-            i = draw(st.integers(0, 4))
-            if i == 4 or not isinstance(args["cache"], gdnjit.LazyCache):
-                args["cache"] = draw(st.sampled_from([None, (1, 2, 3, 4), ()]))
-                mutations.append("cache: not a LazyCache")
-            else:
-                fields = list(args["cache"])
-                fields[i], what = _mutated_tensor(draw, fields[i])
-                args["cache"] = gdnjit.LazyCache(*fields)
-                mutations.append(f"cache field {i}: {what}")
-        else:
-            args[name], what = _mutated_tensor(draw, args[name])
-            mutations.append(f"{name}: {what}")
+    mutations = _mutate(draw, args, LAZY_TENSORS, LAZY_SCALARS, cache=True)
     return args, mutations
 
 
@@ -843,12 +861,7 @@ def test_fuzz_lazy_argument_checks(case):
     try:
         output, call = prepare_step(*args.values(), require_cuda=False)
     except (TypeError, ValueError) as e:
-        msg = str(e)
-        assert "\n" not in msg, msg
-        m = _LAZY_MSG.match(msg)
-        assert m and m.group(1) in LAZY_ARG_NAMES, f"message does not start with an argument name: {msg!r}"
-        assert mutations, f"valid input refused: {msg}"
-        event(f"{type(e).__name__} naming {m.group(1)}")
+        _clean_refusal(e, LAZY_ARG_NAMES, mutations)
         return
     event("accepted")
     (B, T), (HV, V) = args["q"].shape[:2], args["v"].shape[2:]
@@ -898,17 +911,9 @@ def ucache_case(draw):
                 g_cache=torch.zeros(S, HV, rows), hist_len=torch.zeros(B, dtype=torch.int32))
     if flush:
         args["cache_base"] = torch.zeros(B, dtype=torch.int32)
-    mutations = []
-    for _ in range(draw(st.integers(0, 2))):
-        name = draw(st.sampled_from(UCACHE_TENSORS + tuple(UCACHE_SCALARS)))
-        if not flush and name in ("cache_base", "flush_min", "restart_hist_on_flush"):
-            continue  # not the verify-only call's arguments
-        if name in UCACHE_SCALARS:
-            args[name] = draw(st.sampled_from(UCACHE_SCALARS[name]))
-            mutations.append(f"{name}={args[name]!r}")
-        else:
-            args[name], what = _mutated_tensor(draw, args.get(name))
-            mutations.append(f"{name}: {what}")
+    flush_only = ("cache_base", "flush_min", "restart_hist_on_flush")  # not the verify-only call's arguments
+    mutations = _mutate(draw, args, tuple(n for n in UCACHE_TENSORS if flush or n not in flush_only),
+                        {n: v for n, v in UCACHE_SCALARS.items() if flush or n not in flush_only})
     return fn, args, mutations
 
 
@@ -942,12 +947,7 @@ def test_fuzz_ucache_argument_checks(ucache_no_launch, case):
         event("reached the launch")
         return
     except (TypeError, ValueError) as e:
-        msg = str(e)
-        assert "\n" not in msg, msg
-        m = _LAZY_MSG.match(msg)
-        assert m and m.group(1) in UCACHE_ARG_NAMES, f"message does not start with an argument name: {msg!r}"
-        assert mutations, f"valid input refused: {msg}"
-        event(f"{type(e).__name__} naming {m.group(1)}")
+        _clean_refusal(e, UCACHE_ARG_NAMES, mutations)
         return
     assert args["q"].shape[0] == 0 and out.shape[0] == 0, mutations  # B == 0: an empty output, nothing launched
 
@@ -983,15 +983,7 @@ def conv_case(draw):
                 query_start_loc=torch.arange(0, B * T + 1, T, dtype=torch.int32) if kind == "varlen" else None,
                 max_query_len=T if kind == "varlen" else None, pad_slot_id=draw(st.sampled_from([None, -1])),
                 out=torch.zeros_like(x) if draw(st.booleans()) else None)
-    mutations = []
-    for _ in range(draw(st.integers(0, 2))):
-        name = draw(st.sampled_from(CONV_TENSORS + tuple(CONV_SCALARS)))
-        if name in CONV_SCALARS:
-            args[name] = draw(st.sampled_from(CONV_SCALARS[name]))
-            mutations.append(f"{name}={args[name]!r}")
-        else:
-            args[name], what = _mutated_tensor(draw, args[name])
-            mutations.append(f"{name}: {what}")
+    mutations = _mutate(draw, args, CONV_TENSORS, CONV_SCALARS)
     return args, mutations
 
 
@@ -1007,12 +999,7 @@ def test_fuzz_conv_argument_checks(case):
     try:
         out, call = conv.prepare(*args.values(), require_cuda=False)
     except (TypeError, ValueError) as e:
-        msg = str(e)
-        assert "\n" not in msg, msg
-        m = _LAZY_MSG.match(msg)
-        assert m and m.group(1) in CONV_ARG_NAMES, f"message does not start with an argument name: {msg!r}"
-        assert mutations, f"valid input refused: {msg}"
-        event(f"{type(e).__name__} naming {m.group(1)}")
+        _clean_refusal(e, CONV_ARG_NAMES, mutations)
         return
     event("accepted")
     if call is not None:  # every value fits its kernel argument (the launch packs them so)
