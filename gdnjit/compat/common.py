@@ -37,6 +37,22 @@ def int32(name: str, x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return x.to(torch.int32)
 
 
+def offsets(name: str, x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A varlen call's ``cu_seqlens`` (``[N + 1]`` request offsets) as int32 (:func:`int32`), checked 1-D: the compat
+    calls count the requests from it before the step's own checks."""
+    x = int32(name, x)
+    if x is not None and x.dim() != 1:
+        raise ValueError(f"{name}: expected 1 dimensions [N + 1] (request offsets), got shape {tuple(x.shape)}")
+    return x
+
+
+def state_pool(name: str, x) -> torch.Tensor:
+    """An engine's state pool argument, checked to be a tensor (its dims and dtype are the step's to check)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor [slots, HV, V, K], got {type(x).__name__}")
+    return x
+
+
 def expected_tokens(total: int, n: int) -> int:
     """Tokens per request the dispatch assumes for varlen calls without a per-token buffer (the mean, in 1..MAX_T):
     only a hint, such requests may be longer."""

@@ -66,7 +66,7 @@ def fused_sigmoid_gating_delta_rule_update(
     lead, HV, V, K = tuple(q.shape[:2]), v.shape[2], v.shape[3], q.shape[3]
     a = _c.gate_view("a", a, lead, q)
     b = _c.gate_view("b", b, lead, q)
-    cu = _c.int32("cu_seqlens", cu_seqlens)
+    cu = _c.offsets("cu_seqlens", cu_seqlens)
     varlen = cu is not None
     N = (cu.shape[0] - 1) if varlen else lead[0]
     buf = intermediate_states_buffer
@@ -108,6 +108,8 @@ def fused_sigmoid_gating_delta_rule_update(
         update = False
     elif read is None:
         raise ValueError("initial_state_indices: required with initial_state_source")
+    else:
+        _c.state_pool("initial_state_source", pool)
     return _step(q, k, v, A_log, a, dt_bias, b, pool, T=T, read_idx=read, cu_seqlens=cu, inter=buf,
                  inter_idx=inter_idx, parent=parent, bounded=buf is not None or cache_steps is not None, update=update,
                  null_slot="negative", padding="zero_state",

@@ -95,6 +95,7 @@ def _call(q, k, v, A_log, a, dt_bias, b, gates, sp_beta, sp_threshold, scale, in
           indices, num_accepted, l2norm, null_slot):
     if initial_state is None:
         raise ValueError("initial_state: required (the state pool [slots, HV, V, K]; vLLM's kernels need it too)")
+    _c.state_pool("initial_state", initial_state)
     if indices is None:
         raise NotImplementedError("ssm_state_indices: required (without it vLLM's kernels address states by token "
                                   "offset, a path vLLM never calls)")
@@ -105,7 +106,7 @@ def _call(q, k, v, A_log, a, dt_bias, b, gates, sp_beta, sp_threshold, scale, in
         raise TypeError(f"inplace_final_state: expected a bool, got {type(inplace).__name__}")
     if not isinstance(q, torch.Tensor) or q.dim() != 4:
         raise ValueError("q: expected a 4-D tensor [B, T, H, K] (varlen: [1, total, H, K])")
-    cu = _c.int32("cu_seqlens", cu_seqlens)
+    cu = _c.offsets("cu_seqlens", cu_seqlens)
     acc = _c.int32("num_accepted_tokens", num_accepted)
     varlen = cu is not None
     total = q.shape[1]

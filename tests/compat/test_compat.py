@@ -197,6 +197,13 @@ def test_sglang_cache_ring_stores_each_tokens_raw_inputs(update):
         num_accepted_tokens=torch.ones(4, dtype=torch.int32)), ValueError, "num_accepted_tokens: needs a 2-D"),
     (lambda x: vllm.fused_recurrent_gated_delta_rule(x[4], x[5], x[6], x[1], beta=torch.ones(1, 4, HV, V)),
      NotImplementedError, "beta: head-wise beta"),
+    (lambda x: vllm.fused_sigmoid_gating_delta_rule_update(*x, initial_state=[1], inplace_final_state=False,
+                                                           ssm_state_indices=torch.zeros(4, dtype=torch.int32)),
+     TypeError, "^initial_state: expected a torch.Tensor"),
+    (lambda x: vllm.fused_sigmoid_gating_delta_rule_update(*x, initial_state=torch.zeros(4, HV, V, K),
+                                                           ssm_state_indices=torch.zeros(4, dtype=torch.int32),
+                                                           cu_seqlens=torch.tensor(4, dtype=torch.int32)),
+     ValueError, "^cu_seqlens: expected 1 dimensions"),
 ])
 def test_vllm_errors(call, exc, msg):
     q, k, v, a, b, A, d, _ = _inp(4)
@@ -219,13 +226,15 @@ def test_vllm_errors(call, exc, msg):
     (dict(retrieve_parent_token=torch.zeros(4, 1, dtype=torch.int32)), ValueError, "retrieve_parent_token: tree"),
     (dict(intermediate_state_indices=torch.zeros(4, dtype=torch.int32)), ValueError,
      "intermediate_state_indices: needs"),
+    (dict(cu_seqlens=torch.tensor(4, dtype=torch.int32)), ValueError, "^cu_seqlens: expected 1 dimensions"),
+    (dict(initial_state_source=(1, 2)), TypeError, "^initial_state_source: expected a torch.Tensor"),
 ])
 def test_sglang_errors(kw, exc, msg):
     q, k, v, a, b, A, d, pool = _inp(4)
+    kw = dict(dict(initial_state_source=pool, cu_seqlens=torch.arange(5, dtype=torch.int32)), **kw)
     with pytest.raises(exc, match=msg):
-        sglang.fused_sigmoid_gating_delta_rule_update(A, a, d, 1.0, 20.0, q, k, v, b, pool,
-                                                      torch.zeros(4, dtype=torch.int32),
-                                                      cu_seqlens=torch.arange(5, dtype=torch.int32), **kw)
+        sglang.fused_sigmoid_gating_delta_rule_update(A, a, d, 1.0, 20.0, q, k, v, b,
+                                                      initial_state_indices=torch.zeros(4, dtype=torch.int32), **kw)
 
 
 @pytest.mark.full  # 15 s of dynamo tracing (test_torch_ops traces the ops themselves in the default tier)
