@@ -241,10 +241,12 @@ def prepare(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, c
         raise ValueError(f"num_accepted: expected a contiguous tensor, got stride {num_accepted.stride()}")
 
     if flush:
-        H = cache[0].shape[2] if isinstance(cache, tuple) and len(cache) == 5 and cache[0].dim() == 5 else 0
+        if not isinstance(cache, tuple) or len(cache) != 5:
+            raise TypeError(f"cache: expected a SpecCache (k, v, g, beta, ctl), got {type(cache).__name__}")
+        _v.tensor("cache.k", cache[0], 5)
+        H = cache[0].shape[2]
         if H < 1 or HV % H:
-            raise ValueError(f"cache.k: its heads H (dim 2) must divide HV={HV}, got shape "
-                             f"{tuple(cache[0].shape) if H else None}")
+            raise ValueError(f"cache.k: its heads H (dim 2) must divide HV={HV}, got shape {tuple(cache[0].shape)}")
         T = _check_cache(cache, slots, H, HV, None, K, V, None, device)
         in_dtype, out_dtype, dtb_dtype = cache[0].dtype, cache[0].dtype, torch.float32
         strides = {}  # no token inputs: their strides keep the spec's defaults (0)

@@ -952,6 +952,57 @@ def test_fuzz_ucache_argument_checks(ucache_no_launch, case):
     assert args["q"].shape[0] == 0 and out.shape[0] == 0, mutations  # B == 0: an empty output, nothing launched
 
 
+@st.composite
+def spec_step_case(draw):
+    """(kwargs of gdnjit.spec_step.prepare, flush, mutations) for the fused speculative step or its flush, valid before
+    the mutations (a flush takes no tokens: only its pool, indices, accepted counts, cache and flags are mutated)."""
+    from gdnjit.spec_step import spec_cache
+
+    B, T = draw(st.sampled_from([0, 1, 3])), draw(st.sampled_from([1, 2, 8]))
+    H = draw(st.sampled_from([1, 2]))
+    HV = H * draw(st.sampled_from([1, 2]))
+    K, V = draw(st.sampled_from([64, 128])), draw(st.sampled_from([64, 128]))
+    dt, S = draw(st.sampled_from(IN_DTYPES)), B + 2
+    args = dict(q=torch.zeros(B, T, H, K, dtype=dt), k=torch.zeros(B, T, H, K, dtype=dt),
+                v=torch.zeros(B, T, HV, V, dtype=dt), A_log=torch.zeros(HV), a=torch.zeros(B, T, HV, dtype=dt),
+                dt_bias=torch.zeros(HV), b=torch.zeros(B, T, HV, dtype=dt),
+                state=torch.zeros(S, HV, V, K, dtype=draw(st.sampled_from(STATE_DTYPES))),
+                state_indices=torch.arange(B, dtype=torch.int32), num_accepted=torch.zeros(B, dtype=torch.int32),
+                cache=spec_cache(S, H, HV, T, K, V, dtype=dt), scale=None, use_qk_l2norm=True, softplus_beta=1.0,
+                softplus_threshold=20.0, null_block_id=-1, output=None)
+    flush = draw(st.booleans())
+    tensors = ("state", "state_indices", "num_accepted")
+    scalars = {n: v for n, v in LAZY_SCALARS.items() if not flush or n in ("use_qk_l2norm", "null_block_id")}
+    mutations = _mutate(draw, args, tensors if flush else tensors + ("q", "k", "v", "A_log", "a", "dt_bias", "b",
+                                                                      "output"), scalars)
+    if draw(st.booleans()):  # one field of the cache
+        fields = list(args["cache"])
+        i = draw(st.integers(0, len(fields) - 1))
+        fields[i], what = _mutated_tensor(draw, fields[i])
+        args["cache"] = type(args["cache"])(*fields)
+        mutations.append(f"cache field {i}: {what}")
+    return args, flush, mutations
+
+
+@FUZZ
+@given(spec_step_case())
+def test_fuzz_spec_step_argument_checks(case):
+    """The fused speculative step's and its flush's checks on random valid calls with arguments made wrong: accepted
+    (the arguments pack for the launch) or refused with a TypeError / ValueError naming the argument, one line."""
+    from gdnjit.spec_step import SpecCache, prepare as spec_prepare
+
+    args, flush, mutations = case
+    names = {*args, *(f"cache.{f}" for f in SpecCache._fields)}
+    try:
+        out, call = spec_prepare(*args.values(), flush=flush, require_cuda=False)
+    except (TypeError, ValueError) as e:
+        _clean_refusal(e, names, mutations)
+        return
+    event("accepted")
+    if call is not None:
+        _pack(call)
+
+
 # ---- (e) conv1d update argument checks -----------------------------------------------------------
 
 CONV_ARG_NAMES = {"x", "conv_state", "weight", "bias", "activation", "conv_state_indices", "num_accepted_tokens",
@@ -1033,6 +1084,8 @@ def test_fuzz_conv_argument_checks(case):
 #   spec-2    gdnjit/expr_jinja.py: a number literal past the float range (`dispatch_params` entry `1E400`,
 #             `int(1E400)`) compiled by Jinja as the name `inf`: parse_spec raised NameError, not SpecError
 #             (session 53's CI run of test_fuzz_spec_loader).
+#   spec-3    gdnjit/spec_step.py prepare (flush): a cache whose k is None or not a tensor raised AttributeError
+#             (`cache[0].dim()`) before its checks (session 53's spec-step fuzz; pinned in tests/test_spec_step.py).
 
 
 def test_bug_spec_plain_document():

@@ -121,6 +121,14 @@ def test_errors(kw, exc, msg):
 def test_flush_errors():
     with pytest.raises(ValueError, match=r"cache.k: its heads H \(dim 2\) must divide HV=4"):
         prep(flush=True, cache=spec_cache(S, 3, 3, T, K, V))
+    # the cache's key tensor missing or of other dims: named before its heads are read (was AttributeError)
+    c = spec_cache(S, H, HV, T, K, V)
+    with pytest.raises(TypeError, match=r"^cache.k: expected a torch.Tensor"):
+        prep(flush=True, cache=c._replace(k=None))
+    with pytest.raises(ValueError, match=r"^cache.k: expected 5 dimensions"):
+        prep(flush=True, cache=c._replace(k=c.k[0]))
+    with pytest.raises(TypeError, match=r"^cache: expected a SpecCache"):
+        prep(flush=True, cache=(1, 2))
 
 
 def test_cuda_required():
