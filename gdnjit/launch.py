@@ -30,6 +30,19 @@ def arg_format(args: Sequence[tuple[str, str]]) -> str:
     return "@" + "".join(_FORMATS[ty] for _, ty in args)
 
 
+def misfit(kernel: str, args: Sequence[tuple[str, str]], values: Sequence) -> str:
+    """Why ``values`` do not pack as the spec's ``args`` (a struct.error at a launch): the first value that does not
+    fit its argument's type, named. The ops check their arguments first; this names what got past them."""
+    if len(values) != len(args):
+        return f"{kernel}: expected {len(args)} kernel arguments, got {len(values)}"
+    for (name, ty), v in zip(args, values):
+        try:
+            struct.pack("@" + _FORMATS[ty], v)
+        except struct.error:
+            return f"{name}: {v!r} does not fit the kernel argument's type {ty} ({kernel})"
+    return f"{kernel}: the arguments do not pack"
+
+
 def leading_pointers(args: Sequence[tuple[str, str]]) -> int:
     """How many of the spec's arguments, from the first, are pointers (the per-call part of a bound launch)."""
     n = 0
@@ -104,7 +117,10 @@ class BoundLaunch:
     def __init__(self, launcher: "Launcher", grid: int, values: Sequence, pdl: bool):
         self.launcher, self.grid, self.pdl = launcher, int(grid), bool(pdl)
         self.buf = ctypes.create_string_buffer(len(launcher.buf))
-        launcher._pack(self.buf, 0, *values)
+        try:
+            launcher._pack(self.buf, 0, *values)
+        except struct.error:
+            raise ValueError(misfit(launcher.name, launcher.args, values)) from None
         self._ptrs = (ctypes.c_void_p * 1)(ctypes.addressof(self.buf))
         self._params = ctypes.addressof(self._ptrs)
         self._cfg, self._attrs = launch_config(self.grid, launcher.block, launcher.smem, self.pdl)
@@ -125,7 +141,7 @@ class BoundLaunch:
 class Launcher:
     """A ready-to-launch kernel on one device."""
 
-    __slots__ = ("name", "function", "module", "device_index", "block", "smem", "fmt", "buf", "params_addr",
+    __slots__ = ("name", "function", "module", "device_index", "block", "smem", "args", "fmt", "buf", "params_addr",
                  "_ptrs", "_stream", "_pack", "_pack_ptrs", "_fn", "_ex", "_cfg", "_cfg_pdl", "_keep", "_cfg_addr")
 
     def __init__(self, name: str, module, function, device_index: int, block: int, smem: int,
@@ -134,6 +150,7 @@ class Launcher:
 
         self.name, self.module, self.function = name, module, function
         self.device_index, self.block, self.smem = device_index, int(block), int(smem)
+        self.args = tuple(args)
         self.fmt = arg_format(args)
         size = (struct.calcsize(self.fmt) + 7) // 8 * 8  # C pads the struct to its 8-byte alignment
         self.buf = ctypes.create_string_buffer(size)
@@ -155,7 +172,10 @@ class Launcher:
         libcuda.check(err, f"cuLaunchKernelEx({self.name}, grid={grid}, block={self.block}{', PDL' if pdl else ''})")
 
     def _launch(self, cfg: LaunchConfig, grid: int, values: Sequence, pdl: bool) -> None:
-        self._pack(self.buf, 0, *values)
+        try:
+            self._pack(self.buf, 0, *values)
+        except struct.error:
+            raise ValueError(misfit(self.name, self.args, values)) from None
         cfg.gridDimX = grid
         cfg.hStream = self._stream(self.device_index)
         err = self._ex(self._cfg_addr[pdl], self._fn, self.params_addr, None)

@@ -104,3 +104,18 @@ def test_a_failed_launch_raises_naming_the_kernel(fake_driver, monkeypatch):
 
     with pytest.raises(CudaError, match=r"cuLaunchKernelEx\(k, grid=77, block=128\) failed: CUDA_ERROR_INVALID_VALUE"):
         bound((1, 2))
+
+
+def test_a_value_that_does_not_fit_its_kernel_argument_is_named(fake_driver):
+    """A value past its kernel argument's type (an i64 past int64, an i32 past int32, a non-number) is a ValueError
+    naming the argument and the kernel, at a launch and at a bind, and nothing is launched (was struct.error)."""
+    lau = _launcher()
+    for values, name in (((1, 2, 2 ** 63, 7, 0.5, 1), "n"), ((1, 2, 3, 2 ** 31, 0.5, 1), "m"),
+                         ((1, 2, 3, 4, "x", 1), "s"), ((-1, 2, 3, 4, 0.5, 1), "x")):
+        with pytest.raises(ValueError, match=rf"^{name}: .* does not fit the kernel argument's type .* \(k\)$"):
+            lau(9, values)
+        with pytest.raises(ValueError, match=rf"^{name}: "):
+            lau.bind(9, values)
+    with pytest.raises(ValueError, match=r"^k: expected 6 kernel arguments, got 5"):
+        lau(9, (1, 2, 3, 4, 0.5))
+    assert fake_driver == []
