@@ -768,7 +768,7 @@ LAZY_ARG_NAMES = {
 LAZY_TENSORS = ("q", "k", "v", "A_log", "a", "dt_bias", "b", "state", "state_indices", "num_accepted", "output")
 LAZY_SCALARS = {"scale": SCALES, "softplus_beta": SCALES, "softplus_threshold": SCALES, "use_qk_l2norm": FLAGS,
                 "null_block_id": [-2, -1, 0, 3, 1.0, True, None, "0", 10 ** 20]}
-_LAZY_MSG = re.compile(r"^([\w.]+): \S")
+_NAMED_MSG = re.compile(r"^([\w.]+): \S")
 
 
 def _mutated_tensor(draw, x):
@@ -792,24 +792,26 @@ def _mutated_tensor(draw, x):
     return torch.zeros(*x.shape[:-1], 2 * x.shape[-1], dtype=x.dtype)[..., ::2], kind
 
 
-def _mutate(draw, args: dict, tensors: tuple, scalars: dict, cache: bool = False) -> list:
+def _mutate(draw, args: dict, tensors: tuple, scalars: dict, cache_type: type | None = None) -> list:
     """Up to two of ``args`` made wrong in place: a tensor (_mutated_tensor), a scalar (one of ``scalars[name]``),
-    or with ``cache`` the LazyCache (one field, or the whole of it); returns the descriptions."""
+    or with ``cache_type`` (a named tuple of tensors) the cache (one field, or the whole of it); returns the
+    descriptions."""
     mutations = []
     for _ in range(draw(st.integers(0, 2))):
-        name = draw(st.sampled_from(tensors + tuple(scalars) + (("cache",) if cache else ())))
+        name = draw(st.sampled_from(tensors + tuple(scalars) + (("cache",) if cache_type else ())))
         if name in scalars:
             args[name] = draw(st.sampled_from(scalars[name]))
             mutations.append(f"{name}={args[name]!r}")
         elif name == "cache":
-            i = draw(st.integers(0, 4))
-            if i == 4 or not isinstance(args["cache"], gdnjit.LazyCache):
+            n = len(cache_type._fields)
+            i = draw(st.integers(0, n))
+            if i == n or not isinstance(args["cache"], cache_type):
                 args["cache"] = draw(st.sampled_from([None, (1, 2, 3, 4), ()]))
-                mutations.append("cache: not a LazyCache")
+                mutations.append(f"cache: not a {cache_type.__name__}")
             else:
                 fields = list(args["cache"])
                 fields[i], what = _mutated_tensor(draw, fields[i])
-                args["cache"] = gdnjit.LazyCache(*fields)
+                args["cache"] = cache_type(*fields)
                 mutations.append(f"cache field {i}: {what}")
         else:
             args[name], what = _mutated_tensor(draw, args.get(name))
@@ -822,7 +824,7 @@ def _clean_refusal(e: Exception, names: set, mutations: list) -> None:
     something wrong."""
     msg = str(e)
     assert "\n" not in msg, msg
-    m = _LAZY_MSG.match(msg)
+    m = _NAMED_MSG.match(msg)
     assert m and m.group(1) in names, f"message does not start with an argument name: {msg!r}"
     assert mutations, f"valid input refused: {msg}"
     event(f"{type(e).__name__} naming {m.group(1)}")
@@ -847,7 +849,7 @@ def lazy_case(draw):
                 num_accepted=torch.zeros(B, dtype=torch.int32) if draw(st.booleans()) else None, scale=None,
                 use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0, null_block_id=-1,
                 output=torch.zeros(B, T, HV, V, dtype=draw(st.sampled_from(OUT_DTYPES))) if draw(st.booleans()) else None)
-    mutations = _mutate(draw, args, LAZY_TENSORS, LAZY_SCALARS, cache=True)
+    mutations = _mutate(draw, args, LAZY_TENSORS, LAZY_SCALARS, cache_type=gdnjit.LazyCache)
     return args, mutations
 
 
@@ -956,7 +958,7 @@ def test_fuzz_ucache_argument_checks(ucache_no_launch, case):
 def spec_step_case(draw):
     """(kwargs of gdnjit.spec_step.prepare, flush, mutations) for the fused speculative step or its flush, valid before
     the mutations (a flush takes no tokens: only its pool, indices, accepted counts, cache and flags are mutated)."""
-    from gdnjit.spec_step import spec_cache
+    from gdnjit.spec_step import SpecCache, spec_cache
 
     B, T = draw(st.sampled_from([0, 1, 3])), draw(st.sampled_from([1, 2, 8]))
     H = draw(st.sampled_from([1, 2]))
@@ -974,13 +976,7 @@ def spec_step_case(draw):
     tensors = ("state", "state_indices", "num_accepted")
     scalars = {n: v for n, v in LAZY_SCALARS.items() if not flush or n in ("use_qk_l2norm", "null_block_id")}
     mutations = _mutate(draw, args, tensors if flush else tensors + ("q", "k", "v", "A_log", "a", "dt_bias", "b",
-                                                                      "output"), scalars)
-    if draw(st.booleans()):  # one field of the cache
-        fields = list(args["cache"])
-        i = draw(st.integers(0, len(fields) - 1))
-        fields[i], what = _mutated_tensor(draw, fields[i])
-        args["cache"] = type(args["cache"])(*fields)
-        mutations.append(f"cache field {i}: {what}")
+                                                                      "output"), scalars, cache_type=SpecCache)
     return args, flush, mutations
 
 
