@@ -10,7 +10,9 @@ prep's 4 warps an item, then enough that the prep launch takes a warp an item, a
 plain steps with fp32 rings (fp32 and bf16 states) in the rows form, every slot folding in a step (tc_fold);
 eager steps over rings that lazy plain and speculative steps filled (their fold, the cursor's commit), fp32 and bf16;
 the tile form of a 16-bit state and ring a 64-column chunk at a time (the rules stage the small batches' tiles whole),
-K 128: speculative steps at T = 4 and 8, every slot folding, and a fold;
+K 128: speculative steps at T = 4 and 8, every slot folding, and a fold; an fp32 state and rings' speculative steps at
+T = 2 and 3 in the rows form (the rules' from B * HV 2048: forced), every slot folding, a fold, and FlashInfer's
+verify+flush call at T = 2 in it (rows_speculative);
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
 verify-only call, at T = 4 and T = 1 (both the tile form at this batch), the flush also a chunk at a time (T = 4,
 8). bf16 and fp32 states, small shapes (the sanitizer is slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
@@ -139,6 +141,7 @@ def main() -> int:
             gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
         torch.cuda.synchronize()
         print(f"lazy speculative steps (T={T}) and a fold, a chunk at a time: ran")
+    rows_speculative(g, idx, A_log, dtb)
     # FlashInfer's calls at T = 4 and T = 1 (the tile form at this batch): rows 0 and 2 fold at T = 4 (hist_len >=
     # flush_min = 13), row 2 at T = 1 (>= 16); bases that wrap the ring
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
@@ -166,6 +169,39 @@ def main() -> int:
               f"{'' if force is None else ', a chunk at a time'}: ran")
     print("OK")
     return 0
+
+
+def rows_speculative(g: torch.Generator, idx: torch.Tensor, A_log: torch.Tensor, dtb: torch.Tensor) -> None:
+    """An fp32 state and rings' speculative steps at T = 2 and 3 in the rows form (its prep and state launches with
+    pending rows), random accepted counts, until every slot has folded in a step; a fold; then FlashInfer's verify+flush
+    call at T = 2 in the rows form (rows 0 and 2 fold)."""
+    r = lambda *s: torch.randn(*s, device=DEV, generator=g)  # noqa: E731
+    with forcing(ROWS_F32):
+        for T in (2, 3):
+            pool = (r(S, HV, V, K) * 0.1).float()
+            cache = gdnjit.lazy_cache(S, H, HV, K, V, dtype=torch.float32, device=DEV)
+            acc = torch.zeros(B, dtype=torch.int32, device=DEV)
+            for _ in range(12):
+                q, k = r(B, T, H, K).bfloat16(), r(B, T, H, K).bfloat16()
+                v, a, b = r(B, T, HV, V).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
+                gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
+                acc = torch.randint(1, T + 1, (B,), device=DEV, generator=g, dtype=torch.int32)
+            gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
+            torch.cuda.synchronize()
+            print(f"lazy speculative steps (T={T}) and a fold, rows form, fp32 state and rings: ran")
+        T = 2
+        pool = (r(S, HV, V, K) * 0.1).float()
+        q, k = r(B, T, H, K).bfloat16(), r(B, T, H, K).bfloat16()
+        v, a, b = r(B, T, HV, V).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
+        kc, uc = r(S, H, 32, K) * 0.05, r(S, HV, 32, V) * 0.05
+        gc = -torch.rand(S, HV, 32, device=DEV, generator=g).cumsum(-1)
+        hist = torch.tensor([15, 12, 16, 0, 5], dtype=torch.int32, device=DEV)
+        base = torch.tensor([28, 5, 30, 0, 17], dtype=torch.int32, device=DEV)
+        gdnjit.gated_delta_rule_mtp_ucache_flush(A_log, a, dtb, q=q, k=k, v=v, b=b, initial_state_source=pool,
+                                                 initial_state_indices=idx, k_cache=kc, u_cache=uc, g_cache=gc,
+                                                 hist_len=hist, cache_base=base)
+        torch.cuda.synchronize()
+        print("FlashInfer u-cache verify+flush, T=2, rows form, fp32 state and rings: ran")
 
 
 if __name__ == "__main__":
