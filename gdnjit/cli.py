@@ -179,17 +179,17 @@ def cmd_tune(args) -> int:
                 print(f"gdnjit tune: --where: expected names of spec {name}'s params and tunables, got unknown "
                       f"{sorted(unknown)} (--call narrows the shapes' calls)", file=sys.stderr)
                 return 2
-    untunable = {}  # specs whose op cannot be timed by one launch of fixed inputs (the op module says why)
-    for name in sorted({p.spec for p in problems}):
-        module = get_spec(name).module
-        reason = getattr(importlib.import_module(f"gdnjit.{module}"), "UNTUNABLE", None) if module else None
+    untunable = {}  # call -> why its op does not time it (the op module's `untunable(params)` says)
+    for p in problems:
+        spec = get_spec(p.spec)
+        hook = getattr(importlib.import_module(f"gdnjit.{spec.module}"), "untunable", None) if spec.module else None
+        reason = hook(dict(spec.param_defaults, **dict(p.params))) if hook else None
         if reason:
-            untunable[name] = reason
-    skipped = sorted({p.call for p in problems if p.spec in untunable})
-    problems = [p for p in problems if p.spec not in untunable]
+            untunable.setdefault(p.call, reason)
+    problems = [p for p in problems if p.call not in untunable]
     if not problems:
-        print(f"gdnjit tune: --call: no call left to tune ({', '.join(skipped)}: "
-              + "; ".join(f"spec {n}: {r}" for n, r in untunable.items()) + ")", file=sys.stderr)
+        print("gdnjit tune: --call: no call left to tune ("
+              + "; ".join(f"{c}: {r}" for c, r in sorted(untunable.items())) + ")", file=sys.stderr)
         return 2
     if not torch.cuda.is_available():
         print("gdnjit tune: needs a CUDA GPU (it measures the candidates on it)", file=sys.stderr)
@@ -198,8 +198,8 @@ def cmd_tune(args) -> int:
     from .warm import check_supported_arch
 
     check_supported_arch(device_info(torch.cuda.current_device()).arch, what="the local GPU's arch")
-    for name, reason in untunable.items():
-        print(f"gdnjit tune: skipping spec {name}'s calls ({reason})", file=sys.stderr)
+    for call, reason in sorted(untunable.items()):
+        print(f"gdnjit tune: skipping call {call} ({reason})", file=sys.stderr)
     dedup = {}
     for p in problems:  # models sharing (params, facts) measure the same thing
         dedup.setdefault((p.spec, p.params, p.facts), p)

@@ -30,12 +30,13 @@ cost it about 1e-3 relative), and a 16-bit state fp32 rings where its drift matt
 Each slot may appear once per call (its ring rows and cursor are written once a call); ``GDNJIT_CHECK_INDICES=1``
 checks it.
 
-Launches: a plain step (T = 1) and a fold run the spec's rows form, a prep launch and then the state launch, sharing
-a scratch buffer allocated per call (:func:`scratch_bytes`); speculative steps and plain steps at small batches the
-tile form, one launch; an fp32 state's plain steps at small batches (B * HV <= 512) the eager form, one launch: the
-plain decode's kernel, which folds its token (and any rows an earlier lazy step left) into the checkpoint at once and
-leaves the ring empty, because there a step's latency, not its bytes, is its time (docs/design.md section 11;
-:func:`launches` asks the dispatcher).
+Launches: a plain step (T = 1), an fp32 state's speculative steps of T 2 / 3 at larger batches and a fold run the
+spec's rows form, a prep launch (with the step's window: it decides the folds) and then the state launch, sharing a
+scratch buffer allocated per call (:func:`scratch_bytes`); the other speculative steps and plain steps at small
+batches the tile form, one launch; an fp32 state's plain steps at small batches (B * HV <= 512) the eager form, one
+launch: the plain decode's kernel, which folds its token (and any rows an earlier lazy step left) into the checkpoint
+at once and leaves the ring empty, because there a step's latency, not its bytes, is its time (docs/design.md section
+11; :func:`launches` asks the dispatcher). ``gdnjit tune`` times steps over whole fold cycles (:func:`example_steps`).
 
 All calls are graph capturable (no host reads of device values); a slot past the pool stops the kernel (trap).
 This module validates and builds the named calls of the ``gdn_lazy`` spec; :mod:`gdnjit.runner` does the rest.
@@ -229,13 +230,25 @@ def gated_delta_rule_lazy_reset(state_indices: torch.Tensor, cache: LazyCache, *
 
 def launches(call: KernelCall) -> tuple:
     """``(calls, scratch bytes)``: the launches of a named step or fold call in order, by the form the dispatcher
-    picks for it: the call alone (tile form, a reset), or the prep launch and then the call (rows form), which
-    share a scratch buffer of that many bytes (the spec's description)."""
-    if call.params["mode"] == "reset" or dict(RUNNER.variant(call).tunables)["form"] != "rows":
+    picks for it: the call alone (tile and eager forms, a reset), or :func:`first_launch`'s prep launch and then the
+    call (rows form), which share a scratch buffer of that many bytes (the spec's description)."""
+    first = first_launch(call.params, dict(RUNNER.variant(call).tunables))
+    if first is None:
         return (call,), 0
-    p, f = call.params, call.facts
-    prep = dataclasses.replace(call, params=dict(p, mode="prep"))
-    return (prep, call), scratch_bytes(f["B"], f["H"], f["HV"], p["K"], p["T"])
+    params, pinned = first
+    f = call.facts
+    prep = dataclasses.replace(call, params=params, pinned=pinned)
+    return (prep, call), scratch_bytes(f["B"], f["H"], f["HV"], call.params["K"], call.params["T"])
+
+
+def first_launch(params: dict, tunables: dict) -> Optional[tuple]:
+    """The launch a call of these params and tunables makes before its own, as ``(params, pinned tunables)``: a
+    rows-form step or fold launches its prep (mode ``prep``) first, with the call's window pinned over the prep's own
+    choice (the prep decides each row's fold and hands the window to the state launch); None for a single launch.
+    :func:`launches` and ``gdnjit warm``'s plan (each rows-form variant's prep) ask this."""
+    if params["mode"] in ("reset", "prep") or tunables["form"] != "rows":
+        return None
+    return dict(params, mode="prep"), {"window": tunables["window"]}
 
 
 def scratch_bytes(B: int, H: int, HV: int, K: int, T: int) -> int:
@@ -460,11 +473,83 @@ def prepare_fold(state, state_indices, cache, num_accepted, null_block_id, mode:
     return mode_obj.call(params, dict(B=B, H=H, HV=HV), args, dev, pdl=uses_pdl(dev) if require_cuda else False)
 
 
-UNTUNABLE = ("a rows-form step is two launches, and the window's cost shows only over whole fold cycles: compare "
-             "gdn_lazy tunables with tools/bench_lazy.py --force")
-"""Why ``gdnjit tune`` skips this op's spec (it times one launch of fixed inputs)."""
+def untunable(params: dict) -> Optional[str]:
+    """Why ``gdnjit tune`` does not time calls of these params (None: it does, by :func:`example_steps`)."""
+    if params["mode"] == "prep":
+        return "a prep launch is timed with its step (its window the step's)"
+    if params["mode"] in ("fold", "reset"):
+        return "a fold or a reset keeps the rules' choice (its time is that of the rings it empties)"
+    if params["cursor"] == "row":
+        return "FlashInfer's cursors are the caller's (its folds follow the caller's hist_len), so the rules choose"
+    return None
 
 
-def example_call(params: dict, facts: dict, device):
-    """``gdnjit tune``'s inputs: none (:data:`UNTUNABLE`)."""
-    raise ValueError(f"gdn_lazy: gdnjit tune cannot time it ({UNTUNABLE})")
+TUNE_WHERE = "form != 'eager' or state_dtype == 'fp32'"
+"""The candidates ``gdnjit tune`` measures: not a 16-bit state's eager form (it rounds the state once a token where
+the lazy forms round it once a fold: a tuned table changes the speed, not the arithmetic's contract)."""
+
+
+def fold_cycle(T: int, window: int, accepted: Optional[int]) -> int:
+    """Steps after which a slot's cursor repeats, for steady steps of T tokens with ``accepted`` of each previous
+    step's T pending rows accepted (None: plain steps): gdnjit's cursor rule (:mod:`gdnjit.reference.lazy`), from an
+    empty ring, its first steps left out."""
+    seen, n, pend, k = {}, 0, 0, 0
+    while (n, pend) not in seen:
+        seen[(n, pend)] = k
+        P = n + (0 if accepted is None else min(accepted, pend))
+        fold = P + T > window
+        n, pend = (0 if fold else P) + (T if accepted is None else 0), (0 if accepted is None else T)
+        k += 1
+    return k - seen[(n, pend)]
+
+
+def example_steps(params: dict, facts: dict, device, n_sets_for):
+    """``gdnjit tune``'s timing of a step call (mode ``step``, gdnjit's cursors): ``(n_sets, steps_for)``. The input
+    sets (a pool of B + 1 slots, its cache, B random distinct slots, tokens; speculative steps with a steady
+    ``max(1, T // 2)`` of each step's T rows accepted) are as many as ``n_sets_for`` asks for one set's bytes;
+    ``steps_for(tunables)`` zeroes their cursors and gives ``(fn, calls)``: ``fn(i)`` launches one step on set i with
+    those tunables pinned (its rows-form prep with their window, as :func:`launches` does), and ``calls`` covers whole
+    fold cycles of every set (:func:`fold_cycle`), so a graph of them times the step amortised over its folds."""
+    dtypes = {name: t for t, name in (*_v.FLOAT_NAMES.items(), *_v.INDEX_NAMES.items())}
+    B, H, HV = facts["B"], facts["H"], facts["HV"]
+    T, K, V = params["T"], params["K"], params["V"]
+    td = lambda name: dtypes[params[name]]  # noqa: E731
+    g = torch.Generator(device=device).manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, device=device, generator=g)  # noqa: E731
+    accepted = max(1, T // 2) if params["pending"] else None
+    slots = B + 1
+    sets = []
+    while True:
+        idx = torch.randperm(slots, device=device, generator=g)[:B].to(td("idx_dtype"))
+        x = dict(q=r(B, T, H, K).to(td("in_dtype")), k=r(B, T, H, K).to(td("in_dtype")),
+                 v=r(B, T, HV, V).to(td("in_dtype")), a=r(B, T, HV).to(td("in_dtype")),
+                 b=r(B, T, HV).to(td("in_dtype")), A_log=(r(HV) * 0.5).to(td("alog_dtype")),
+                 dt_bias=r(HV).to(td("dtb_dtype")), state=(r(slots, HV, V, K) * 0.1).to(td("state_dtype")), idx=idx,
+                 cache=lazy_cache(slots, H, HV, K, V, dtype=td("ring_dtype"), device=device),
+                 acc=None if accepted is None else torch.full((B,), accepted, dtype=torch.int32, device=device),
+                 out=None if params["zero_pad"] else torch.empty((B, T, HV, V), dtype=td("out_dtype"), device=device))
+        sets.append(x)
+        nbytes = sum(t.numel() * t.element_size() for t in (*x["cache"], x["state"], x["q"], x["k"], x["v"]))
+        if len(sets) >= n_sets_for(nbytes):
+            break
+
+    def steps_for(tunables: dict):
+        launches = []
+        for x in sets:
+            x["cache"].cursor.zero_()
+            out, call = prepare_step(x["q"], x["k"], x["v"], x["A_log"], x["a"], x["dt_bias"], x["b"], x["state"],
+                                     x["idx"], x["cache"], x["acc"], None, params["l2norm"], 1.0, 20.0, -1, x["out"])
+            bounds, dev, nbytes = bind(dataclasses.replace(call, pinned=tunables))
+            scratch = scratch_for(nbytes, x["state"].device)
+            c = x["cache"]
+            pointers = STEP.pack(x["q"].data_ptr(), x["k"].data_ptr(), x["v"].data_ptr(), x["a"].data_ptr(),
+                                 x["b"].data_ptr(), x["A_log"].data_ptr(), x["dt_bias"].data_ptr(),
+                                 x["state"].data_ptr(), x["idx"].data_ptr(), out.data_ptr(), c[0].data_ptr(),
+                                 c[1].data_ptr(), c[2].data_ptr(), c[3].data_ptr(),
+                                 0 if x["acc"] is None else x["acc"].data_ptr(), address(scratch))
+            launches.append((dev, bounds, pointers, out, scratch))  # out and scratch held while the graph lives
+        cycle = fold_cycle(T, tunables["window"], accepted)
+        steps = cycle * -(-16 // cycle)  # at least 16 steps a set, whole cycles
+        return (lambda i: run(*launches[i][:3])), len(sets) * steps
+
+    return len(sets), steps_for

@@ -45,7 +45,9 @@ class KernelCall:
     ``params``: every param of ``spec`` by name (compile-time values); ``facts``: the spec's runtime
     facts by name, without ``num_sms`` (the device's); ``args``: every kernel argument by its name in
     the spec's ``args``; ``device``: the CUDA device index; ``pdl``: launch with programmatic
-    dependent launch (only for kernels that wait on ``griddepcontrol`` before touching memory)."""
+    dependent launch (only for kernels that wait on ``griddepcontrol`` before touching memory); ``pinned``:
+    tunables the op sets over the dispatcher's choice, by name (a launch that must agree with another launch of the
+    same call: the lazy rows form's prep takes its step's window), None for none."""
 
     spec: Spec
     params: Mapping[str, Any]
@@ -53,6 +55,7 @@ class KernelCall:
     args: Mapping[str, Any]
     device: int
     pdl: bool = False
+    pinned: Mapping[str, Any] | None = None
 
     def param_values(self) -> tuple:
         """The params in spec order (KernelInterfaceError naming any missing or unknown name)."""
@@ -120,6 +123,24 @@ def choose_variant(spec: Spec, params: dict[str, Any], facts: dict[str, Any], ar
     choice = tuned.lookup(spec.name, params, facts, batch_invariant) if tuned is not None else None
     tunables, _ = _dispatch.select(spec, params, facts, tuned=choice, batch_invariant=batch_invariant)
     return Variant.make(spec, params, tunables, arch)
+
+
+def pin(variant: Variant, pinned: Mapping[str, Any] | None) -> Variant:
+    """``variant`` with the ``pinned`` tunables set over its own (None or empty: itself); ValueError naming them
+    when a name is not a tunable of the spec or the result is not valid for the variant's params."""
+    if not pinned:
+        return variant
+    spec = variant.spec
+    unknown = sorted(set(pinned) - set(spec.tunable_names))
+    if unknown:
+        raise KernelInterfaceError(f"spec {spec.name}: pinned: expected tunable names {list(spec.tunable_names)}, "
+                                   f"got unknown {unknown}")
+    tunables = dict(dict(variant.tunables), **pinned)
+    params = dict(variant.params)
+    if not spec.valid(params, tunables):
+        raise ValueError(f"spec {spec.name}: pinned tunables {dict(pinned)}: expected a choice valid for the "
+                         f"call's params over the dispatcher's {dict(variant.tunables)}, got an invalid one")
+    return Variant.make(spec, params, tunables, variant.arch)
 
 
 class Runner:
@@ -196,15 +217,15 @@ class Runner:
     def resolve(self, call: KernelCall) -> tuple[Launcher, int]:
         """(launcher, grid) for a call. Memoised: the steady state is one dict lookup."""
         spec = call.spec
-        memo = (spec.name, call.param_values(), call.fact_values(), call.device)
+        memo = self._memo_key(call)
         hit = self._resolved.get(memo)
         if hit is not None:
             return hit[:2]
         info = device_info(call.device)
         pdict = dict(zip(spec.param_names, memo[1]))
         fdict = dict(call.facts, num_sms=info.num_sms)
-        variant = choose_variant(spec, pdict, fdict, info.arch, self.tuned_table(call.device),
-                                 batch_invariant=self.sync().batch_invariant)
+        variant = pin(choose_variant(spec, pdict, fdict, info.arch, self.tuned_table(call.device),
+                                     batch_invariant=self.sync().batch_invariant), call.pinned)
         launcher = self.get_launcher(variant, call.device)
         ctx = dict(variant.values)
         ctx.update(fdict)
@@ -218,7 +239,12 @@ class Runner:
         """The variant :meth:`resolve` picks for a call (an op whose calls take one launch or two by the chosen
         tunables asks this first)."""
         self.resolve(call)
-        return self._resolved[(call.spec.name, call.param_values(), call.fact_values(), call.device)][2]
+        return self._resolved[self._memo_key(call)][2]
+
+    @staticmethod
+    def _memo_key(call: KernelCall) -> tuple:
+        pinned = tuple(sorted(call.pinned.items())) if call.pinned else ()
+        return call.spec.name, call.param_values(), call.fact_values(), call.device, pinned
 
     def bind(self, call: KernelCall) -> BoundLaunch:
         """A :class:`~gdnjit.launch.BoundLaunch` of ``call``: every argument packed once by name, the

@@ -19,7 +19,7 @@ from .config import Config
 from .shapes import Problem, iter_facts, params_for
 from .spec import get_spec
 from .variant import Variant
-from .warm import warm
+from .warm import first_launch_variant, warm
 
 _MAX_SETS = 64
 _TOP = 8  # fastest candidates kept per entry
@@ -56,7 +56,10 @@ def candidate_tunables(spec, params: dict[str, Any], where: str | None,
 
 def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_sizes: list[int] | None = None,
          log: Callable[[str], None] = print, where: str | None = None) -> list[dict[str, Any]]:
-    """Measure all valid candidates for each (problem, B); returns tuned-table entries.
+    """Measure all valid candidates for each (problem, B); returns tuned-table entries. A candidate is timed as one
+    launch of the op module's ``example_call`` inputs or, where the module has ``example_steps`` (the lazy state:
+    a step is one or two launches, and its folds come every few steps), as its steps over whole fold cycles; an op
+    module's ``TUNE_WHERE`` narrows the candidates as ``where`` does.
 
     ``where``: an expression over params and tunables that narrows the candidates (the choice of the
     rules is measured in any case, so every entry is compared with what the dispatcher would do)."""
@@ -81,25 +84,38 @@ def tune(problems: list[Problem], config: Config, device_index: int = 0, batch_s
         values = batch_sizes or prob.batch_sizes
         problem_facts = [f for f in iter_facts(dataclasses.replace(prob, batch_sizes=tuple(values)), info.num_sms)]
         rule_choices = [dispatch.select(spec, params, {f: facts[f] for f in spec.facts})[0] for facts in problem_facts]
-        candidates = candidate_tunables(spec, params, where, rule_choices)
+        op = importlib.import_module(f"gdnjit.{spec.module}") if spec.module else None
+        own = getattr(op, "TUNE_WHERE", None)  # the op's limit on what a tuned table may choose
+        narrowed = where if own is None else own if where is None else f"({where}) and ({own})"
+        candidates = candidate_tunables(spec, params, narrowed, rule_choices)
         variants = [Variant.make(spec, params, t, info.arch) for t in candidates]
-        warm(variants, config)
+        firsts = {f.name: f for v in variants for facts in problem_facts  # launches a candidate makes first
+                  for f in [first_launch_variant(spec, params, dict(v.tunables), facts, info.arch)] if f is not None}
+        warm(variants + list(firsts.values()), config)
+        timing = getattr(op, "example_steps", None)  # an op whose calls are timed as steps (several launches)
         for facts, rule_tunables in zip(problem_facts, rule_choices):
             memo = (spec.name, tuple(params.items()), tuple(sorted(facts.items())))
             if memo in seen:
                 continue
             seen.add(memo)
-            sets = _input_sets(spec, params, facts, device, n_sets_for)
-            pdl = sets[0][1]  # launched as the op launches them
             timings = []
-            for variant in variants:
-                launcher = RUNNER.get_launcher(variant, device_index, config)
-                ctx = dict(variant.values)
-                ctx.update(facts)
-                grid = int(_expr.evaluate(dict(spec.launch)["grid"], ctx))
-                launch = launcher.launch_pdl if pdl else launcher
-                us = time_graph_us(lambda i: launch(grid, sets[i][0]), len(sets))
-                timings.append((us, dict(variant.tunables)))
+            if timing is not None:
+                sets = timing(params, facts, device, n_sets_for)  # held until the `del` below, as the launches' sets
+                n_sets, steps_for = sets
+                for variant in variants:
+                    fn, calls = steps_for(dict(variant.tunables))
+                    timings.append((time_graph_us(fn, n_sets, calls=calls), dict(variant.tunables)))
+            else:
+                sets = _input_sets(spec, params, facts, device, n_sets_for)
+                pdl = sets[0][1]  # launched as the op launches them
+                for variant in variants:
+                    launcher = RUNNER.get_launcher(variant, device_index, config)
+                    ctx = dict(variant.values)
+                    ctx.update(facts)
+                    grid = int(_expr.evaluate(dict(spec.launch)["grid"], ctx))
+                    launch = launcher.launch_pdl if pdl else launcher
+                    us = time_graph_us(lambda i: launch(grid, sets[i][0]), len(sets))
+                    timings.append((us, dict(variant.tunables)))
             timings.sort(key=lambda x: x[0])
             best_us, best = timings[0]
             rule_us = next(us for us, t in timings if t == rule_tunables)

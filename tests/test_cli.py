@@ -148,6 +148,32 @@ def test_plan_retiles_a_tuned_entry_as_dispatch_does(tmp_path):
     assert sorted((dict(v.tunables)["ilp"], dict(v.tunables)["l2_prefetch"]) for v in planned) == [(1, False), (1, True)]
 
 
+def test_plan_has_each_rows_form_steps_prep():
+    """A rows-form step launches its prep first (gdnjit.lazy.first_launch), so the plan has that prep variant with
+    the step's window: the rules' fp32 speculative steps of T 2 / 3 (rows form from B * HV 2048; their preps are in
+    no shapes call), and a tuned table's rows-form step with window 8 (the rules' prep has 16)."""
+    from gdnjit import dispatch
+    from gdnjit.spec import get_spec
+
+    problems = [p for p in load_shapes(SHAPES_DIR / "qwen35.yaml") if p.call == "lazy_spec"]
+    spec = get_spec("gdn_lazy")
+
+    def preps(variants):
+        return {(dict(v.params)["T"], dict(v.tunables)["window"]) for v in variants if dict(v.params)["mode"] == "prep"}
+
+    planned = plan(problems, ["sm_90"], num_sms=[132])
+    rows = {(dict(v.params)["T"], dict(v.tunables)["window"]) for v in planned if dict(v.tunables)["form"] == "rows"
+            and dict(v.params)["mode"] == "step"}
+    assert {T for T, _ in rows} == {2, 3} and preps(planned) == rows
+    p2 = next(p for p in problems if dict(p.params)["T"] == 2 and dict(p.facts)["HV"] == 64)
+    params = dict(spec.param_defaults, **dict(p2.params))
+    rule = dispatch.select(spec, params, dict(p2.facts, B=512, num_sms=132))[0]
+    assert rule["form"] == "rows" and rule["window"] == 16
+    doc = {"arch": "sm_90", "entries": [{"spec": "gdn_lazy", "params": params, "facts": dict(p2.facts, B=512),
+                                         "tunables": dict(rule, window=8)}]}
+    assert (2, 8) in preps(plan(problems, ["sm_90"], num_sms=[132], tuned=[doc])) and (2, 8) not in preps(planned)
+
+
 def test_warm_compiles_every_planned_variant(warmed, planned):
     d, rc, out, err, elapsed = warmed
     n = len(planned)

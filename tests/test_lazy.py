@@ -463,6 +463,82 @@ def test_launches_follow_the_chosen_form(monkeypatch):
         runner.RUNNER.clear()
 
 
+def test_a_rows_form_calls_prep_takes_its_window(monkeypatch):
+    """The prep launch decides each row's fold and hands the window to the state launch, so it takes the call's
+    window whatever its own choice: a tuned table's rows-form step with window 8 launches a prep of window 8 (the
+    rules' prep has 16), pinned over the dispatcher's choice; without the table both have 16. first_launch names
+    the prep for rows-form steps and folds only (stand-in H200, nothing loaded)."""
+    from gdnjit import runner
+    from gdnjit.tuned import TunedTable
+
+    monkeypatch.setattr(runner, "device_info", lambda i: runner.DeviceInfo(i, "NVIDIA H200", "sm_90", 132))
+    monkeypatch.setattr(runner.RUNNER, "get_launcher", lambda variant, i, config=None: object())
+    rows = dict(form="rows", tile_v=16, lanes_per_row=8, rows_per_lane=2, window=8, staged=False, head_warps=1)
+    big = 4 * 132 // HV + 1  # B * HV past 4 per SM: the rules' rows form for an fp32 state's plain steps
+    call = prepare_step(q=torch.zeros(big, 1, H, K, dtype=bf), k=torch.zeros(big, 1, H, K, dtype=bf),
+                        v=torch.zeros(big, 1, HV, V, dtype=bf), a=torch.zeros(big, 1, HV, dtype=bf),
+                        b=torch.zeros(big, 1, HV, dtype=bf), A_log=torch.zeros(HV), dt_bias=torch.zeros(HV),
+                        state=torch.zeros(S, HV, V, K), state_indices=torch.zeros(big, dtype=i32),
+                        cache=lazy_cache(S, H, HV, K, V, dtype=torch.float32), num_accepted=None, scale=None,
+                        use_qk_l2norm=True, softplus_beta=1.0, softplus_threshold=20.0, null_block_id=-1,
+                        output=None, require_cuda=False)[1]
+    for table, window in ((None, 16), (TunedTable([{"spec": "gdn_lazy", "params": dict(call.params),
+                                                     "facts": {"B": big, "H": H, "HV": HV}, "tunables": rows}]), 8)):
+        monkeypatch.setattr(runner.RUNNER, "tuned_table", lambda i, t=table: t)
+        runner.RUNNER.clear()
+        try:
+            (prep, own), _ = lazy.launches(call)
+            step_t, prep_t = dict(runner.RUNNER.variant(own).tunables), dict(runner.RUNNER.variant(prep).tunables)
+            assert step_t["form"] == prep_t["form"] == "rows" and step_t["window"] == prep_t["window"] == window
+            assert prep.pinned == {"window": window} and own.pinned is None
+        finally:
+            runner.RUNNER.clear()
+    p = dict(call.params)
+    assert lazy.first_launch(p, rows) == (dict(p, mode="prep"), {"window": 8})
+    for mode, form in (("fold", "rows"), ("step", "tile"), ("step", "eager"), ("reset", "tile"), ("prep", "rows")):
+        first = lazy.first_launch(dict(p, mode=mode), dict(rows, form=form))
+        assert (first is not None) == (mode == "fold" and form == "rows"), (mode, form)
+
+
+def test_fold_cycle_follows_the_models_cursor():
+    """gdnjit.lazy.fold_cycle (gdnjit tune's steps per replay) is the period of the reference model's cursor for
+    steady plain and speculative steps, windows 0 / 8 / 16."""
+    from gdnjit.reference.lazy import LazyModel
+
+    g = torch.Generator().manual_seed(5)
+    for Tn, window, acc in ((1, 16, None), (1, 8, None), (1, 0, None), (2, 16, 1), (3, 16, 2), (4, 16, 2),
+                            (4, 8, 1), (8, 16, 4), (8, 8, 8), (5, 16, 3)):
+        m = LazyModel(torch.zeros(2, 1, 8, 8, dtype=torch.float64), 1, window=window)
+        idx = torch.tensor([1])
+        cursors = []
+        for _ in range(60):
+            x = lambda *sh: torch.randn(*sh, generator=g, dtype=torch.float64)  # noqa: E731
+            m.step(x(1, Tn, 1, 8), x(1, Tn, 1, 8), x(1, Tn, 1, 8), torch.zeros(1), x(1, Tn, 1), torch.zeros(1),
+                   x(1, Tn, 1), idx, num_accepted=None if acc is None else torch.tensor([acc], dtype=torch.int32))
+            cursors.append((int(m.cursor[1, 0]), int(m.cursor[1, 2])))  # len, pending (the base slides)
+        tail = cursors[20:]
+        period = next(c for c in range(1, 30) if all(tail[i] == tail[i + c] for i in range(len(tail) - c)))
+        assert lazy.fold_cycle(Tn, window, acc) == period, (Tn, window, acc)
+
+
+def test_tune_times_steps_and_skips_the_other_calls():
+    """gdnjit tune times a lazy step of gdnjit's cursors (plain or speculative) through example_steps and says why
+    it skips a prep, a fold, a reset and FlashInfer's cursors; TUNE_WHERE keeps a 16-bit state's eager form out of
+    the candidates (it would round once a token), not an fp32 state's."""
+    from gdnjit.tune import candidate_tunables
+
+    base = {n: v for n, v in SPEC.param_defaults}
+    base.update(mode="step", K=128, V=128, T=1, state_dtype="fp32", ring_dtype="fp32", idx_dtype="int32")
+    assert lazy.untunable(base) is None and lazy.untunable(dict(base, pending=True, T=4)) is None
+    for kw, word in ((dict(mode="prep"), "prep"), (dict(mode="fold", T=0), "fold"), (dict(mode="reset", T=0), "reset"),
+                     (dict(cursor="row", T=4, ring=16), "caller")):
+        assert word in lazy.untunable(dict(base, **kw)), kw
+    for sdt, eager in (("fp32", True), ("bf16", False)):
+        p = {n: dict(base, state_dtype=sdt, ring_dtype=sdt)[n] for n in SPEC.param_names}
+        forms = {t["form"] for t in candidate_tunables(SPEC, p, lazy.TUNE_WHERE, [])}
+        assert forms == ({"rows", "tile", "eager"} if eager else {"rows", "tile"}), sdt
+
+
 def test_the_tensor_core_fold_is_the_rules_bf16_fold_with_bf16_rings():
     """mma_fold (the fold's update as bf16 MMAs) is on exactly where its operands are exact in bf16 and a warp holds
     16 rows: the rules' fold for a bf16 state with bf16 rings; fp32 rings, an fp16 state and an fp32 state keep the

@@ -156,3 +156,29 @@ def test_a_warm_cache_hit_imports_no_jinja_yaml_filelock_or_nvrtc(tmp_path):
     assert first["origin"] == "built"
     second = run()
     assert second == {"origin": "disk", "loaded": []}
+
+
+def test_pinned_tunables_are_set_over_the_choice_or_refused():
+    """runner.pin: a call's pinned tunables replace the dispatcher's by name; an unknown name is a
+    KernelInterfaceError naming it, a choice the params make invalid a ValueError naming the pinned values; nothing
+    pinned is the variant itself. The runner's memo keeps a pinned call apart from the same call unpinned."""
+    from gdnjit import dispatch
+    from gdnjit.runner import Runner, pin
+    from gdnjit.variant import Variant
+
+    spec = get_spec("gdn_lazy")
+    p = dict(spec.param_defaults, mode="prep", K=128, V=128, T=1, state_dtype="fp32", ring_dtype="fp32",
+             idx_dtype="int32")
+    p = {n: p[n] for n in spec.param_names}
+    v = Variant.make(spec, p, dispatch.select(spec, p, dict(B=512, H=16, HV=64, num_sms=132))[0], "sm_90")
+    assert dict(v.tunables)["window"] == 16
+    w8 = pin(v, {"window": 8})
+    assert dict(w8.tunables) == dict(dict(v.tunables), window=8) and w8.arch == v.arch
+    assert pin(v, None) is v and pin(v, {}) is v
+    with pytest.raises(KernelInterfaceError, match=r"pinned: expected tunable names .* got unknown \['windw'\]"):
+        pin(v, {"windw": 8})
+    with pytest.raises(ValueError, match=r"pinned tunables \{'form': 'tile'\}: expected a choice valid"):
+        pin(v, {"form": "tile"})  # a prep launch is the rows form's
+    call = _gdn_call()
+    assert Runner._memo_key(call) != Runner._memo_key(dataclasses.replace(call, pinned={"tile_v": 8}))
+    assert Runner._memo_key(call) == Runner._memo_key(dataclasses.replace(call, pinned={}))

@@ -61,10 +61,12 @@ def test_where_names_and_shapes_are_checked_before_the_gpu():
              "lazy_fold_prep, lazy_fold_prep_bf16, lazy_prep, lazy_prep_bf16, lazy_spec, lazy_spec_bf16, "
              "nvfp4_activations, replayssm_commit, replayssm_verify, spec_flush, spec_step, verify_bf16, verify_fp32), "
              "got unknown ['mtp']"),
-            # the lazy state's calls are skipped (two launches, fold cycles; a line says why once tuning starts)
-            (["--shapes", "qwen35.yaml", "--call", "lazy_decode"], "gdnjit tune: --call: no call left to tune "
-             "(lazy_decode: spec gdn_lazy: a rows-form step is two launches, and the window's cost shows only over "
-             "whole fold cycles: compare gdn_lazy tunables with tools/bench_lazy.py --force)\n"),
+            # the lazy state's steps are tuned (as steps over fold cycles); its prep, fold and reset calls are skipped
+            # (a line says why once tuning starts)
+            (["--shapes", "qwen35.yaml", "--call", "lazy_decode"], "gdnjit tune: needs a CUDA GPU"),
+            (["--shapes", "qwen35.yaml", "--call", "lazy_prep", "--call", "lazy_fold"], "gdnjit tune: --call: no call "
+             "left to tune (lazy_fold: a fold or a reset keeps the rules' choice (its time is that of the rings it "
+             "empties); lazy_prep: a prep launch is timed with its step (its window the step's))\n"),
             (["--shapes", "qwen35.yaml", "--call", "lazy_spec", "--call", "decode"], "gdnjit tune: needs a CUDA GPU"),
             (["--shapes", "nope.yaml"], "gdnjit tune: shapes: no file 'nope.yaml'")):
         err = io.StringIO()

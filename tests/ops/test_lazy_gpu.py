@@ -969,3 +969,64 @@ def test_ucache_ring_errors_name_flashinfers_arguments():
         with pytest.raises(ValueError) as e:
             gdnjit.gated_delta_rule_mtp_ucache(A_log, a, dtb, k_cache=bad[0], u_cache=bad[1], g_cache=bad[2], **kw)
         assert str(e.value).startswith(name + ":"), str(e.value)
+
+
+@pytest.mark.parametrize("T,speculative", [(1, False), (2, True)])
+def test_tune_times_steps_and_its_window_is_kept(T, speculative, monkeypatch):
+    """gdnjit tune over a lazy step (fp32 state and rings, rows-form candidates of windows 8 and 16; plain T 1 and
+    speculative T 2 at B * HV past the rows form's threshold): every candidate timed (its steps amortised over whole
+    fold cycles), an entry naming the fastest; then a tuned table of the rows form with window 8 sends real steps
+    (their prep launch takes the step's window: the prep decides the folds) through the dispatcher, against the
+    model with window 8: outputs, checkpoints and cursors over three fold cycles, the folds where window 8 puts them."""
+    from gdnjit import runner
+    from gdnjit.config import get_config
+    from gdnjit.shapes import Problem
+    from gdnjit.spec import get_spec
+    from gdnjit.tune import tune
+    from gdnjit.tuned import TunedTable
+
+    H, HV, K, V, B = 4, 16, 128, 128, 129  # B * HV 2064: the rules' rows form at T 1 and T 2 (fp32)
+    spec = get_spec("gdn_lazy")
+    params = dict(spec.param_defaults, mode="step", pending=speculative, T=T, K=K, V=V, state_dtype="fp32",
+                  ring_dtype="fp32", idx_dtype="int32", zero_pad=True)
+    prob = Problem("lazy_step", "m", 1, "gdn_lazy", tuple((n, params[n]) for n in spec.param_names),
+                   (("H", H), ("HV", HV)), "B", (B,))
+    lines = []
+    entries = tune([prob], get_config(), torch.cuda.current_device(), where="form == 'rows' and tile_v == 16 and "
+                   "lanes_per_row == 8 and rows_per_lane == 2", log=lines.append)
+    assert len(entries) == 1 and len(lines) == 1, lines
+    e = entries[0]
+    timed = {t["window"]: x["us"] for x in e["top"] for t in [x["tunables"]]}
+    assert e["candidates"] == 2 and set(timed) == {8, 16} and all(0 < us < 1e4 for us in timed.values()), e
+    assert e["tunables"]["form"] == "rows" and e["us"] == min(timed.values()) and e["rule_us"] == timed[16], e
+    w8 = dict(e["tunables"], window=8)
+    table = TunedTable([{"spec": "gdn_lazy", "params": e["params"], "facts": e["facts"], "tunables": w8}])
+    monkeypatch.setattr(runner.RUNNER, "tuned_table", lambda i: table)
+    runner.RUNNER.clear()
+    try:
+        g = torch.Generator(device=DEV).manual_seed(11 + T)
+        slots = B + 3
+        pool, _ = _pool(g, slots, HV, V, K, f32)
+        cache, _ = _poisoned_cache(slots, H, HV, K, V, f32)
+        A_log, dtb = _gate_params(g, HV)
+        model = LazyModel.from_cache(pool, cache, window=8)
+        idx = torch.randperm(slots, device=DEV, generator=g)[:B].to(i32)
+        idx[5] = -1
+        tol_out, tol_state = _tols(f32, f32, bf)
+        acc = None
+        for i in range(3 * (8 - T + 1) + 2):
+            toks = _tokens(g, B, T, H, HV, K, V, bf)
+            ref = model.step(*toks[:3], A_log, toks[3], dtb, toks[4], idx, acc)
+            before = pool.clone()
+            out = gdnjit.gated_delta_rule_lazy_step(*toks[:3], A_log, toks[3], dtb, toks[4], pool, idx, cache,
+                                                    num_accepted=acc)
+            torch.cuda.synchronize()
+            live = [n for n in range(B) if n != 5]
+            assert _rel(out[live].float(), ref[live]) < tol_out, i
+            _check_pool(model, pool, before, idx.tolist(), tol_state, f"step {i}")
+            assert torch.equal(cache.cursor.cpu(), model.cursor), i
+            if speculative:
+                acc = torch.randint(0, T + 1, (B,), device=DEV, generator=g, dtype=i32)
+        assert int(model.cursor[:, 0].max()) <= 8  # window 8's folds, not 16's
+    finally:
+        runner.RUNNER.clear()
