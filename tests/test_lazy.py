@@ -415,6 +415,29 @@ def test_the_rules_give_an_fp32_states_short_speculative_steps_the_rows_form():
         assert chosen(B, HV, **kw)["form"] == "tile", (B, HV, kw)
 
 
+def test_the_rules_give_an_fp32_states_plain_steps_16_lanes_by_4_rows():
+    """An fp32 state and rings' plain steps at K 128 past the small batches take rows of 16 lanes x 4 rows (CTAs of 16
+    rows, the fold on tensor cores; gdnjit tune's fastest, v71), which compile clean; folds, K 256 and bf16 rings
+    keep 8 x 2 (16 x 2 at K 256)."""
+    base = dict(SPEC.param_defaults, mode="step", T=1, K=128, V=128, state_dtype="fp32", ring_dtype="fp32",
+                idx_dtype="int32")
+
+    def chosen(B, HV, **kw):
+        p = {n: dict(base, **kw)[n] for n in SPEC.param_names}
+        return p, dispatch.select(SPEC, p, dict(B=B, H=HV // 4, HV=HV, num_sms=132))[0]
+
+    shape = lambda t: (t["form"], t["lanes_per_row"], t["rows_per_lane"], t["tile_v"], t["window"])  # noqa: E731
+    for B, HV in ((512, 64), (32, 64), (32, 32), (17, 32)):
+        p, t = chosen(B, HV)
+        assert shape(t) == ("rows", 16, 4, 16, 16), (B, HV)
+        v = Variant.make(SPEC, p, t, ARCH)
+        assert v.values["tc_fold"], (B, HV)
+    _compile_clean([v])
+    for kw, want in ((dict(mode="fold", T=0), 8), (dict(ring_dtype="bf16"), 8), (dict(K=256, V=256), 16)):
+        t = chosen(512, 64, **kw)[1]
+        assert shape(t) == ("rows", want, 2, 16, 16), kw
+
+
 def test_scratch_layout_matches_the_spec():
     """gdnjit.lazy.scratch_bytes lays out the rows form's scratch as the kernels index it: a 16-byte record a row, the
     keys [H, 2T, K] fp32 a row, the spec's tab_words fp32 a (row, value head) (16-byte multiples)."""

@@ -222,6 +222,9 @@ CASES = [
     Case(T=1, sdt=bf, rdt=f32, B=37, null=0, force=(("form", "rows"), ("lanes_per_row", 8), ("rows_per_lane", 4),
                                                      ("tile_v", 16))),
     Case(K=64, V=64, rep=2, T=2, in_dt=fp16, sdt=fp16, rdt=f32, spec=True, B=6),  # (its folds the rules' rows)
+    # an fp32 state's plain steps with fp32 rings past B * HV 528 (K 128): the rules' rows of 16 lanes x 4 rows (v71)
+    Case(H=4, rep=4, T=1, B=37, null=0),
+    Case(H=2, rep=8, T=1, B=35, idx_dt=i64, out="fp32", paged=True),
     # an fp32 state's T 2 / 3 speculative steps at B * HV >= 2048: the rules' rows form
     Case(K=64, V=64, H=16, rep=4, T=2, spec=True, B=33, null=0),
     Case(K=128, V=64, H=8, rep=8, T=3, spec=True, B=34, idx_dt=i64, out="fp32"),
@@ -375,6 +378,7 @@ def _check_pool(model, pool, before, live, tol, what):
 
 
 ROWS_F32 = dict(form="rows", lanes_per_row=8, rows_per_lane=2, tile_v=16)  # the rules' fp32 rows (tc_fold)
+ROWS_F32_16 = dict(form="rows", lanes_per_row=16, rows_per_lane=4, tile_v=16)  # the rules' fp32 plain steps, K 128
 LAZY_TILE = dict(form="tile", lanes_per_row=8, rows_per_lane=1, tile_v=128)  # the rules' small plain batches but fp32's
 ROWS_16 = dict(form="rows", lanes_per_row=8, rows_per_lane=4, tile_v=16)   # a 16-bit state's (with fp32 rings: tc_fold)
 
@@ -382,6 +386,7 @@ ROWS_16 = dict(form="rows", lanes_per_row=8, rows_per_lane=4, tile_v=16)   # a 1
 @pytest.mark.parametrize("T,spec,sdt,rdt,force", [(1, False, f32, f32, None), (5, True, bf, bf, None),
                                                   (12, False, fp16, fp16, None), (16, True, f32, f32, None),
                                                   (1, False, f32, f32, ROWS_F32), (4, True, f32, f32, ROWS_F32),
+                                                  (1, False, f32, f32, ROWS_F32_16),
                                                   (3, True, bf, f32, ROWS_16), (2, True, bf, bf, ROWS_16)])
 def test_fold_at_every_window_length(T, spec, sdt, rdt, force):
     """17 slots holding P = 0..16 committed rows (built by 16 plain T = 1 steps over shrinking sets of rows); a step
@@ -973,12 +978,12 @@ def test_ucache_ring_errors_name_flashinfers_arguments():
 
 @pytest.mark.parametrize("T,speculative", [(1, False), (2, True)])
 def test_tune_times_steps_and_its_window_is_kept(T, speculative, monkeypatch):
-    """gdnjit tune over a lazy step (fp32 state and rings, rows-form candidates of windows 8 and 16; plain T 1 and
+    """gdnjit tune over a lazy step (fp32 state and rings, the rules' rows shape with windows 8 and 16; plain T 1 and
     speculative T 2 at B * HV past the rows form's threshold): every candidate timed (its steps amortised over whole
     fold cycles), an entry naming the fastest; then a tuned table of the rows form with window 8 sends real steps
     (their prep launch takes the step's window: the prep decides the folds) through the dispatcher, against the
     model with window 8: outputs, checkpoints and cursors over three fold cycles, the folds where window 8 puts them."""
-    from gdnjit import runner
+    from gdnjit import dispatch, runner
     from gdnjit.config import get_config
     from gdnjit.shapes import Problem
     from gdnjit.spec import get_spec
@@ -991,9 +996,13 @@ def test_tune_times_steps_and_its_window_is_kept(T, speculative, monkeypatch):
                   ring_dtype="fp32", idx_dtype="int32", zero_pad=True)
     prob = Problem("lazy_step", "m", 1, "gdn_lazy", tuple((n, params[n]) for n in spec.param_names),
                    (("H", H), ("HV", HV)), "B", (B,))
-    lines = []
-    entries = tune([prob], get_config(), torch.cuda.current_device(), where="form == 'rows' and tile_v == 16 and "
-                   "lanes_per_row == 8 and rows_per_lane == 2", log=lines.append)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    rule = dispatch.select(spec, dict(prob.params), dict(prob.facts, B=B, num_sms=sms))[0]
+    assert rule["form"] == "rows" and rule["window"] == 16, rule
+    lines = []  # the candidates: the rules' rows shape with windows 8 and 16
+    entries = tune([prob], get_config(), torch.cuda.current_device(), where=f"form == 'rows' and tile_v == "
+                   f"{rule['tile_v']} and lanes_per_row == {rule['lanes_per_row']} and rows_per_lane == "
+                   f"{rule['rows_per_lane']}", log=lines.append)
     assert len(entries) == 1 and len(lines) == 1, lines
     e = entries[0]
     timed = {t["window"]: x["us"] for x in e["top"] for t in [x["tunables"]]}
