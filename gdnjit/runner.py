@@ -217,7 +217,7 @@ class Runner:
     def resolve(self, call: KernelCall) -> tuple[Launcher, int]:
         """(launcher, grid) for a call. Memoised: the steady state is one dict lookup."""
         spec = call.spec
-        memo = self._memo_key(call)
+        memo = self.resolve_key(call)
         hit = self._resolved.get(memo)
         if hit is not None:
             return hit[:2]
@@ -239,10 +239,11 @@ class Runner:
         """The variant :meth:`resolve` picks for a call (an op whose calls take one launch or two by the chosen
         tunables asks this first)."""
         self.resolve(call)
-        return self._resolved[self._memo_key(call)][2]
+        return self._resolved[self.resolve_key(call)][2]
 
     @staticmethod
-    def _memo_key(call: KernelCall) -> tuple:
+    def resolve_key(call: KernelCall) -> tuple:
+        """The key :meth:`resolve` memoises a call's variant under: spec, params, facts, device and pinned tunables."""
         pinned = tuple(sorted(call.pinned.items())) if call.pinned else ()
         return call.spec.name, call.param_values(), call.fact_values(), call.device, pinned
 

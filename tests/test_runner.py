@@ -180,5 +180,5 @@ def test_pinned_tunables_are_set_over_the_choice_or_refused():
     with pytest.raises(ValueError, match=r"pinned tunables \{'form': 'tile'\}: expected a choice valid"):
         pin(v, {"form": "tile"})  # a prep launch is the rows form's
     call = _gdn_call()
-    assert Runner._memo_key(call) != Runner._memo_key(dataclasses.replace(call, pinned={"tile_v": 8}))
-    assert Runner._memo_key(call) == Runner._memo_key(dataclasses.replace(call, pinned={}))
+    assert Runner.resolve_key(call) != Runner.resolve_key(dataclasses.replace(call, pinned={"tile_v": 8}))
+    assert Runner.resolve_key(call) == Runner.resolve_key(dataclasses.replace(call, pinned={}))
