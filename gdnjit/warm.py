@@ -91,10 +91,10 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
                     memo = (spec.name, tuple(params.items()), tuple(sorted(tunables.items())), arch)
                     if memo not in seen:
                         seen[memo] = Variant.make(spec, params, tunables, arch)
-                        first = first_launch_variant(spec, params, tunables, facts, arch, live, batch_invariant)
-                        if first is not None:
-                            seen.setdefault((spec.name, tuple(first.params), tuple(sorted(first.tunables)), arch),
-                                            first)
+                    # the launch it makes first, per facts: its own choice may differ by batch (a prep's head warps)
+                    first = first_launch_variant(spec, params, tunables, facts, arch, live, batch_invariant)
+                    if first is not None:
+                        seen.setdefault((spec.name, first.params, tuple(sorted(first.tunables)), arch), first)
     return list(seen.values())
 
 

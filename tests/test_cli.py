@@ -4,6 +4,7 @@ plus one fresh-interpreter run to time a fully cached ``warm``."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import hashlib
 import io
@@ -172,6 +173,12 @@ def test_plan_has_each_rows_form_steps_prep():
     doc = {"arch": "sm_90", "entries": [{"spec": "gdn_lazy", "params": params, "facts": dict(p2.facts, B=512),
                                          "tunables": dict(rule, window=8)}]}
     assert (2, 8) in preps(plan(problems, ["sm_90"], num_sms=[132], tuned=[doc])) and (2, 8) not in preps(planned)
+    # one rows-form variant of plain steps at B 64 and 512 launches preps of 4 and 1 warps an item (by B * H): both
+    decode = [p for p in load_shapes(SHAPES_DIR / "qwen35.yaml") if p.call == "lazy_decode" and dict(p.facts)["H"] == 16]
+    decode = [dataclasses.replace(p, batch_sizes=(64, 512)) for p in decode[:1]]
+    planned = plan(decode, ["sm_90"], num_sms=[132])
+    assert len({v.tunables for v in planned if dict(v.params)["mode"] == "step"}) == 1
+    assert {dict(v.tunables)["head_warps"] for v in planned if dict(v.params)["mode"] == "prep"} == {1, 4}
 
 
 def test_warm_compiles_every_planned_variant(warmed, planned):
