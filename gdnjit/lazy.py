@@ -175,11 +175,17 @@ def gated_delta_rule_lazy_step(
         if output is None:
             output = torch.empty(out_shape, dtype=q.dtype, device=q.device)
     scratch = scratch_for(nbytes, state.device)
-    run(dev, bounds, STEP.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(), A_log.data_ptr(),
-                               dt_bias.data_ptr(), state.data_ptr(), state_indices.data_ptr(), output.data_ptr(),
-                               cache[0].data_ptr(), cache[1].data_ptr(), cache[2].data_ptr(), cache[3].data_ptr(),
-                               0 if num_accepted is None else num_accepted.data_ptr(), address(scratch)))
+    run(dev, bounds, step_pointers(q, k, v, a, b, A_log, dt_bias, state, state_indices, output, cache, num_accepted,
+                                   scratch))
     return output
+
+
+def step_pointers(q, k, v, a, b, A_log, dt_bias, state, state_indices, output, cache, num_accepted, scratch) -> tuple:
+    """A step's per-call pointers, packed for its bound launches (:data:`STEP`)."""
+    return STEP.pack(q.data_ptr(), k.data_ptr(), v.data_ptr(), a.data_ptr(), b.data_ptr(), A_log.data_ptr(),
+                     dt_bias.data_ptr(), state.data_ptr(), state_indices.data_ptr(), output.data_ptr(),
+                     cache[0].data_ptr(), cache[1].data_ptr(), cache[2].data_ptr(), cache[3].data_ptr(),
+                     0 if num_accepted is None else num_accepted.data_ptr(), address(scratch))
 
 
 def gated_delta_rule_lazy_fold(state: torch.Tensor, state_indices: torch.Tensor, cache: LazyCache, *,
@@ -541,12 +547,8 @@ def example_steps(params: dict, facts: dict, device, n_sets_for):
                                      x["idx"], x["cache"], x["acc"], None, params["l2norm"], 1.0, 20.0, -1, x["out"])
             bounds, dev, nbytes = bind(dataclasses.replace(call, pinned=tunables))
             scratch = scratch_for(nbytes, x["state"].device)
-            c = x["cache"]
-            pointers = STEP.pack(x["q"].data_ptr(), x["k"].data_ptr(), x["v"].data_ptr(), x["a"].data_ptr(),
-                                 x["b"].data_ptr(), x["A_log"].data_ptr(), x["dt_bias"].data_ptr(),
-                                 x["state"].data_ptr(), x["idx"].data_ptr(), out.data_ptr(), c[0].data_ptr(),
-                                 c[1].data_ptr(), c[2].data_ptr(), c[3].data_ptr(),
-                                 0 if x["acc"] is None else x["acc"].data_ptr(), address(scratch))
+            pointers = step_pointers(x["q"], x["k"], x["v"], x["a"], x["b"], x["A_log"], x["dt_bias"], x["state"],
+                                     x["idx"], out, x["cache"], x["acc"], scratch)
             launches.append((dev, bounds, pointers, out, scratch))  # out and scratch held while the graph lives
         cycle = fold_cycle(T, tunables["window"], accepted)
         steps = cycle * -(-16 // cycle)  # at least 16 steps a set, whole cycles
