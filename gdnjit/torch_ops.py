@@ -45,7 +45,9 @@ Notes:
   current stream, capturable in CUDA graphs). CPU tensors run the torch references
   (:mod:`gdnjit.reference`) in float32: slow, for tests and CPU-side tracing, not for serving.
 * The fake (meta) implementations only compute shapes and dtypes; argument errors surface when the
-  real op runs (the same ``TypeError`` / ``ValueError`` messages as the eager functions).
+  real op runs (the same ``TypeError`` / ``ValueError`` messages as the eager functions). The wrappers check first
+  that their tensor and cache arguments are tensors (a TypeError naming the argument, as the eager functions word it),
+  before they read a shape or unpack a cache.
 """
 
 from typing import Optional, Tuple
@@ -59,6 +61,7 @@ from . import lazy as _lazy
 from . import nvfp4 as _nvfp4
 from . import replay as _replay
 from . import spec_step as _spec
+from . import validate as _v
 from .reference.engine import engine_reference
 from .reference.replay import replay_commit_reference
 from .reference.spec_step import spec_step_reference
@@ -247,6 +250,35 @@ def _(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale
     return None
 
 
+def _tensors(optional: tuple = (), **args) -> None:
+    """A wrapper's tensor arguments, checked before it reads a shape or a device or unpacks a cache: TypeError naming
+    the first that is not a tensor (those named in ``optional`` may be None), worded as the eager functions' checks.
+    The ops' own checks (shapes, dtypes, devices) then run inside the op."""
+    for name, x in args.items():
+        if x is None and name in optional:
+            continue
+        _v.tensor(name, x)
+
+
+def _cache(name: str, cache, kind: type, optional: bool = False) -> None:
+    """A wrapper's cache argument (a :class:`gdnjit.LazyCache` / :class:`gdnjit.SpecCache`, or a tuple of as many
+    tensors; None where ``optional``): TypeError naming it before the wrapper unpacks it."""
+    if cache is None and optional:
+        return
+    if not isinstance(cache, tuple) or len(cache) != len(kind._fields):
+        raise TypeError(f"{name}: expected a gdnjit.{kind.__name__} (or a tuple of {len(kind._fields)} tensors), got "
+                        f"{type(cache).__name__}")
+    for field, x in zip(kind._fields, cache):
+        _v.tensor(f"{name}.{field}", x)
+
+
+def _float(name: str, x) -> float:
+    """A float argument the wrapper converts: TypeError naming it when it is not a number."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)) and not hasattr(x, "__float__"):
+        raise TypeError(f"{name}: expected a Python float, got {type(x).__name__}")
+    return float(x)
+
+
 def _output(q: torch.Tensor, v: torch.Tensor, output: Optional[torch.Tensor]) -> torch.Tensor:
     if output is not None:
         return output
@@ -266,6 +298,10 @@ def gated_delta_rule_decode_pretranspose(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_decode_pretranspose` through ``torch.ops.gdnjit``; same arguments and
     return value ``(output, state_or_pool)``."""
+    _tensors(("state", "output", "initial_state", "initial_state_indices", "output_state_indices",
+              "intermediate_states_buffer"), q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b,
+             output=output, initial_state=initial_state, initial_state_indices=initial_state_indices,
+             output_state_indices=output_state_indices, intermediate_states_buffer=intermediate_states_buffer)
     frozen, zero_padding = _gdn.plan_pretranspose(q, initial_state, output, intermediate_states_buffer,
                                                   disable_state_update, backend)
     out = _output(q, v, output)
@@ -284,6 +320,7 @@ def gated_delta_rule_decode(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """:func:`gdnjit.gated_delta_rule_decode` (K-major state) through ``torch.ops.gdnjit``; returns
     ``(output, state)``."""
+    _tensors(("output",), q=q, k=k, v=v, state=state, A_log=A_log, a=a, dt_bias=dt_bias, b=b, output=output)
     _gdn.check_backend(backend, _gdn.BACKENDS_DECODE)
     out = _output(q, v, output)
     torch.ops.gdnjit.gated_delta_rule_decode(q, k, v, state, A_log, a, dt_bias, b, scale, out, use_qk_l2norm)
@@ -304,6 +341,13 @@ def gated_delta_rule_mtp(
     """:func:`gdnjit.gated_delta_rule_mtp` through ``torch.ops.gdnjit``; returns ``(output, initial_state)``. With
     ``cache_replayssm=True`` (FlashInfer's ReplaySSM verify) the call runs as ``torch.ops.gdnjit.engine_step``, which
     writes the four caches; the state-recovery arguments become the op's per-token write map (:mod:`gdnjit.recovery`)."""
+    _tensors(("output", "intermediate_states_buffer", "ssm_state_indices", "output_state_indices", "replayssm_rawv",
+              "replayssm_rawk", "replayssm_g", "replayssm_beta", "accepted_steps"),
+             q=q, k=k, v=v, initial_state=initial_state, initial_state_indices=initial_state_indices, A_log=A_log, a=a,
+             dt_bias=dt_bias, b=b, output=output, intermediate_states_buffer=intermediate_states_buffer,
+             ssm_state_indices=ssm_state_indices, output_state_indices=output_state_indices,
+             replayssm_rawv=replayssm_rawv, replayssm_rawk=replayssm_rawk, replayssm_g=replayssm_g,
+             replayssm_beta=replayssm_beta, accepted_steps=accepted_steps)
     plan = _gdn.plan_mtp(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale, output,
                          intermediate_states_buffer, ssm_state_indices, disable_state_update, use_qk_l2norm,
                          output_state_indices, cache_replayssm, replayssm_rawv, replayssm_rawk, replayssm_g,
@@ -397,6 +441,7 @@ def nvfp4_quantize(a: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,
     """:func:`gdnjit.nvfp4_quantize` through ``torch.ops.gdnjit``; returns ``(fp4, sf)``, or ``(fp4, sf,
     per_token_scale)`` with ``per_token_activation``. The recipe switches (``fast_math``, ``nvfp4_4over6`` or
     FlashInfer's environment variables) are read here, per call, and passed to the op."""
+    _tensors(("expanded_idx_to_permuted_idx",), a=a, expanded_idx_to_permuted_idx=expanded_idx_to_permuted_idx)
     four6 = _nvfp4.check_flashinfer_extras(a, a_global_sf, backend, per_token_activation,
                                             expanded_idx_to_permuted_idx, out_scale, nvfp4_4over6)
     fast = _nvfp4.choose_recipe(fast_math, getattr(a, "dtype", None)) == "fast"
@@ -414,6 +459,7 @@ def nvfp4_quantize(a: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,
 def dequantize_nvfp4(fp4: torch.Tensor, sf: torch.Tensor, a_global_sf, sfLayout=SfLayout.layout_128x4,
                      m: Optional[int] = None, k: Optional[int] = None) -> torch.Tensor:
     """:func:`gdnjit.dequantize_nvfp4` through ``torch.ops.gdnjit``; float32 ``[m, k]``."""
+    _tensors(fp4=fp4, sf=sf)
     m, k = _nvfp4.rows_and_cols(fp4, m, k)
     t, value = _split_global_sf(a_global_sf)
     layout = int(_nvfp4.to_layout(sfLayout))
@@ -458,6 +504,9 @@ def causal_conv1d_update(x: torch.Tensor, conv_state: torch.Tensor, weight: torc
                          out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """:func:`gdnjit.causal_conv1d_update` through ``torch.ops.gdnjit``; returns ``out``. ``out=x`` (in place)
     is refused here: a custom op's mutated output may not alias its input."""
+    _tensors(("bias", "conv_state_indices", "num_accepted_tokens", "query_start_loc", "out"), x=x,
+             conv_state=conv_state, weight=weight, bias=bias, conv_state_indices=conv_state_indices,
+             num_accepted_tokens=num_accepted_tokens, query_start_loc=query_start_loc, out=out)
     _conv.unsupported(block_idx_last_scheduled_token, initial_state_idx, retrieve_parent_token)
     if out is x:
         raise ValueError("out: the torch op cannot write into x in place; pass out=None or another tensor")
@@ -516,12 +565,22 @@ def engine_step(q, k, v, A_log, a, dt_bias, b, state, *, T, read_idx, cu_seqlens
                 padding="skip", gates="raw", scale=None, l2norm=True, softplus_beta=1.0, softplus_threshold=20.0,
                 output=None, replay_cache=None, zero_padding=True, round_beta=False) -> torch.Tensor:
     """:func:`gdnjit.gdn_engine.engine_step` through ``torch.ops.gdnjit``; returns the output."""
+    _tensors(("A_log", "dt_bias", "cu_seqlens", "num_accepted", "ssm_idx", "inter", "inter_idx", "parent", "output"),
+             q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b, state=state, read_idx=read_idx,
+             cu_seqlens=cu_seqlens, num_accepted=num_accepted, ssm_idx=ssm_idx, inter=inter, inter_idx=inter_idx,
+             parent=parent, output=output)
+    if replay_cache is not None and (not isinstance(replay_cache, tuple) or len(replay_cache) != 4):
+        raise TypeError(f"replay_cache: expected None or a tuple of 4 tensors (rawv, rawk, g, beta), got "
+                        f"{type(replay_cache).__name__}")
+    _tensors(**{f"replay_cache[{i}]": x for i, x in enumerate(replay_cache or ())})
     if output is None:
+        _v.tensor("q", q, 4)  # their shapes give the output's
+        _v.tensor("v", v, 4)
         output = torch.empty((*q.shape[:2], v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
     torch.ops.gdnjit.engine_step(q, k, v, A_log, a, dt_bias, b, state, T, read_idx, cu_seqlens, num_accepted, ssm_idx,
                                  inter, inter_idx, parent, bounded, update, null_slot, padding, gates, scale, l2norm,
-                                 float(softplus_beta), float(softplus_threshold), output,
-                                 *(replay_cache if replay_cache is not None else (None,) * 4), zero_padding,
+                                 _float("softplus_beta", softplus_beta),
+                                 _float("softplus_threshold", softplus_threshold), output, *(replay_cache if replay_cache is not None else (None,) * 4), zero_padding,
                                  round_beta)
     return output
 
@@ -564,10 +623,16 @@ def spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted,
               output=None) -> torch.Tensor:
     """:func:`gdnjit.gated_delta_rule_spec_step` through ``torch.ops.gdnjit``; returns the output (allocated zeroed
     when not given, so padding rows read 0 as in the eager function)."""
+    _tensors(("output",), q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b, state=state,
+             state_indices=state_indices, num_accepted=num_accepted, output=output)
+    _cache("cache", cache, _spec.SpecCache)
     if output is None:
+        _v.tensor("q", q, 4)  # their shapes give the output's
+        _v.tensor("v", v, 4)
         output = torch.zeros((*q.shape[:2], v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
     torch.ops.gdnjit.spec_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, num_accepted, *cache, scale,
-                               use_qk_l2norm, float(softplus_beta), float(softplus_threshold), null_block_id, output)
+                               use_qk_l2norm, _float("softplus_beta", softplus_beta),
+                               _float("softplus_threshold", softplus_threshold), null_block_id, output)
     return output
 
 
@@ -604,6 +669,9 @@ def gated_delta_rule_replayssm_commit(checkpoint_state, rawv_cache, rawk_cache, 
                                       null_block_id=-1, backend="auto") -> None:
     """:func:`gdnjit.gated_delta_rule_replayssm_commit` through ``torch.ops.gdnjit`` (the checkpoint updated in
     place)."""
+    _tensors(("track_state_indices", "track_steps"), checkpoint_state=checkpoint_state, rawv_cache=rawv_cache,
+             rawk_cache=rawk_cache, g_cache=g_cache, beta_cache=beta_cache, state_indices=state_indices,
+             accept_lens=accept_lens, track_state_indices=track_state_indices, track_steps=track_steps)
     torch.ops.gdnjit.gated_delta_rule_replayssm_commit(checkpoint_state, rawv_cache, rawk_cache, g_cache, beta_cache,
                                                        state_indices, accept_lens, track_state_indices, track_steps,
                                                        use_qk_l2norm, null_block_id, backend)
@@ -641,10 +709,16 @@ def lazy_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, cache, *, num
               output=None) -> torch.Tensor:
     """:func:`gdnjit.gated_delta_rule_lazy_step` through ``torch.ops.gdnjit``; returns the output (allocated zeroed
     when not given, so padding rows read 0 as in the eager function)."""
+    _tensors(("num_accepted", "output"), q=q, k=k, v=v, A_log=A_log, a=a, dt_bias=dt_bias, b=b, state=state,
+             state_indices=state_indices, num_accepted=num_accepted, output=output)
+    _cache("cache", cache, _lazy.LazyCache)
     if output is None:
+        _v.tensor("q", q, 4)  # their shapes give the output's
+        _v.tensor("v", v, 4)
         output = torch.zeros((*q.shape[:2], v.shape[2], v.shape[3]), dtype=q.dtype, device=q.device)
     torch.ops.gdnjit.lazy_step(q, k, v, A_log, a, dt_bias, b, state, state_indices, *cache, num_accepted, scale,
-                               use_qk_l2norm, float(softplus_beta), float(softplus_threshold), null_block_id, output)
+                               use_qk_l2norm, _float("softplus_beta", softplus_beta),
+                               _float("softplus_threshold", softplus_threshold), null_block_id, output)
     return output
 
 
@@ -662,6 +736,8 @@ def _(state, state_indices, cache_k, cache_u, cache_g, cache_cursor, num_accepte
 
 def lazy_fold(state, state_indices, cache, *, num_accepted=None, null_block_id=-1) -> None:
     """:func:`gdnjit.gated_delta_rule_lazy_fold` through ``torch.ops.gdnjit`` (state and cursors updated in place)."""
+    _tensors(("num_accepted",), state=state, state_indices=state_indices, num_accepted=num_accepted)
+    _cache("cache", cache, _lazy.LazyCache)
     torch.ops.gdnjit.lazy_fold(state, state_indices, *cache, num_accepted, null_block_id)
 
 
@@ -679,4 +755,6 @@ def _(state_indices, cache_cursor, null_block_id) -> None:
 
 def lazy_reset(state_indices, cache, *, null_block_id=-1) -> None:
     """:func:`gdnjit.gated_delta_rule_lazy_reset` through ``torch.ops.gdnjit`` (cursors updated in place)."""
+    _tensors(state_indices=state_indices)
+    _cache("cache", cache, _lazy.LazyCache)
     torch.ops.gdnjit.lazy_reset(state_indices, cache[3], null_block_id)

@@ -16,6 +16,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+import gdnjit
 import gdnjit.torch_ops as ops
 from gdnjit.reference.nvfp4 import quantize_reference
 from gdnjit.reference.gdn import gdn_reference
@@ -374,6 +375,67 @@ def test_cpu_ops_raise_the_eager_validation_errors():
         ops.gated_delta_rule_mtp(t["q"], t["k"], t["v"], pool, torch.zeros(3, dtype=torch.int32), t["A_log"],
                                  t["a"], t["dt_bias"], t["b"], intermediate_states_buffer=torch.zeros(3, 1, 4, 64, 64),
                                  ssm_state_indices=torch.zeros(3, 1, dtype=torch.int32))
+
+
+def _schema_tensors(op: str) -> dict:
+    """Argument name -> whether the op's schema makes it an optional tensor, for its tensor arguments."""
+    out = {}
+    for arg in ops.SCHEMAS[op][1:ops.SCHEMAS[op].index(") ->")].split(", "):
+        kind, name = arg.split(" ")[:2]
+        if kind.startswith("Tensor"):
+            out[name.split("=")[0]] = kind.endswith("?")
+    return out
+
+
+NUMBER_OR_TENSOR = {"nvfp4_quantize": ("a_global_sf", "out_scale"), "dequantize_nvfp4": ("a_global_sf",)}
+WRAPPER_CACHES = {"spec_step": ("cache", gdnjit.SpecCache), "lazy_step": ("cache", gdnjit.LazyCache),
+                  "lazy_fold": ("cache", gdnjit.LazyCache), "lazy_reset": ("cache", gdnjit.LazyCache)}
+
+
+@pytest.mark.parametrize("name", [n for n in ops.__all__ if n != "OP_NAMES"])
+def test_wrappers_name_a_bad_tensor_argument_first(name):
+    """Each wrapper refuses an argument that should be a tensor (its schema's tensor arguments and its own
+    tensor-annotated ones; a required one also as None) or a cache that is not one, with a TypeError naming it,
+    before it reads a shape or a device or unpacks the cache (they raised AttributeError, or torch's schema
+    RuntimeError, or a message about another argument)."""
+    import inspect
+    import typing
+
+    fn = getattr(ops, name)
+    sig = inspect.signature(fn)
+    hints = typing.get_type_hints(fn)
+    schema = _schema_tensors(name)
+    tensors = {}
+    for p in sig.parameters.values():
+        hint = str(hints.get(p.name, ""))
+        if p.name in schema or "Tensor" in hint:
+            # required: the schema (or the annotation) takes no None and the wrapper does not allocate it
+            tensors[p.name] = p.default is inspect.Parameter.empty and not schema.get(p.name, "Optional" in hint)
+    assert tensors, name
+    for n in NUMBER_OR_TENSOR.get(name, ()):  # a tensor or a number (the wrapper splits it)
+        tensors.pop(n)
+    cache = WRAPPER_CACHES.get(name)
+    base = {n: torch.zeros(1) for n in tensors}
+    if cache:
+        base[cache[0]] = cache[1](*(torch.zeros(1),) * len(cache[1]._fields))
+    extra = {"nvfp4_quantize": dict(a_global_sf=1.0), "dequantize_nvfp4": dict(a_global_sf=1.0),
+             "engine_step": dict(T=1)}.get(name, {})
+    for arg, required in tensors.items():
+        for bad in ([1.0], 3) + ((None,) if required else ()):
+            with pytest.raises(TypeError, match=rf"^{arg}: expected a torch.Tensor"):
+                fn(**dict(base, **extra, **{arg: bad}))
+    if "softplus_beta" in sig.parameters:  # a float the wrapper converts: named too
+        with pytest.raises(TypeError, match=r"^softplus_beta: expected a Python float, got str"):
+            fn(**dict(base, **extra, softplus_beta="x"))
+    if name in ("spec_step", "lazy_step", "engine_step"):  # no output given: q and v give its shape, checked first
+        with pytest.raises(ValueError, match=r"^q: expected 4 dimensions, got shape \(1,\)"):
+            fn(**dict(base, **extra, output=None))
+    if cache:
+        n, kind = cache
+        with pytest.raises(TypeError, match=rf"^{n}: expected a gdnjit.{kind.__name__}"):
+            fn(**dict(base, **extra, **{n: None}))
+        with pytest.raises(TypeError, match=rf"^{n}.{kind._fields[1]}: expected a torch.Tensor"):
+            fn(**dict(base, **extra, **{n: tuple(torch.zeros(1) if i != 1 else "x" for i in range(len(kind._fields)))}))
 
 
 def test_cpu_nvfp4_ops_match_the_reference():
