@@ -14,7 +14,7 @@ K 128: speculative steps at T = 4 and 8, every slot folding, and a fold; an fp32
 T = 2 and 3 in the rows form (the rules' from B * HV 2048: forced), every slot folding, a fold, and FlashInfer's
 verify+flush call at T = 2 in it (rows_speculative); an fp32 state and rings' speculative steps at T = 4 and 8 in the
 tile form of 128 rows (the rules' at large batches: the staged tile's dots on CUDA cores, 4 warps), every slot
-folding, and a fold (tile_fp32_speculative);
+folding, and a fold (tile_speculative);
 FlashInfer's cursor: the verify+flush call (some rows fold) and the
 verify-only call, at T = 4 and T = 1 (both the tile form at this batch), the flush also a chunk at a time (T = 4,
 8). bf16 and fp32 states, small shapes (the sanitizer is slow). Correctness is the GPU tests' job (tests/ops/test_lazy_gpu.py); this only runs the kernels. Exit status 0
@@ -128,23 +128,10 @@ def main() -> int:
         gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log.repeat(8), a, dtb.repeat(8), b, pool, idx2, cache)
     torch.cuda.synchronize()
     print(f"lazy plain steps, the rules' form, {B2} rows x {H2} key heads: ran")
-    pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
-    cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.bfloat16, device=DEV)
-    acc = torch.zeros(B, dtype=torch.int32, device=DEV)
-    for T in (4, 8):  # T 8: the window's keys after chunk 0's dots (late_keys)
-        cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.bfloat16, device=DEV)
-        acc = torch.zeros(B, dtype=torch.int32, device=DEV)
-        with forcing(CHUNKED):
-            for _ in range(6):
-                q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
-                v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
-                gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
-                acc = torch.randint(T // 2, T + 1, (B,), device=DEV, generator=g, dtype=torch.int32)
-            gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
-        torch.cuda.synchronize()
-        print(f"lazy speculative steps (T={T}) and a fold, a chunk at a time: ran")
+    # T 8: the window's keys after chunk 0's dots (late_keys)
+    tile_speculative(g, idx, A_log, dtb, torch.bfloat16, 6, "a chunk at a time")
     rows_speculative(g, idx, A_log, dtb)
-    tile_fp32_speculative(g, idx, A_log, dtb)
+    tile_speculative(g, idx, A_log, dtb, torch.float32, 8, "tile form of 128 rows, fp32 state and rings")
     # FlashInfer's calls at T = 4 and T = 1 (the tile form at this batch): rows 0 and 2 fold at T = 4 (hist_len >=
     # flush_min = 13), row 2 at T = 1 (>= 16); bases that wrap the ring
     pool = (r(S, HV, 128, 128) * 0.1).bfloat16()
@@ -207,24 +194,25 @@ def rows_speculative(g: torch.Generator, idx: torch.Tensor, A_log: torch.Tensor,
         print("FlashInfer u-cache verify+flush, T=2, rows form, fp32 state and rings: ran")
 
 
-def tile_fp32_speculative(g: torch.Generator, idx: torch.Tensor, A_log: torch.Tensor, dtb: torch.Tensor) -> None:
-    """An fp32 state and rings' speculative steps at T = 4 and 8 in the tile form of 128 rows (the whole tile staged,
-    a thread a row), random accepted counts, until every slot has folded in a step; then a fold."""
+def tile_speculative(g: torch.Generator, idx: torch.Tensor, A_log: torch.Tensor, dtb: torch.Tensor,
+                     dtype: torch.dtype, steps: int, what: str) -> None:
+    """Speculative steps at T = 4 and 8 in the tile form of 128 rows, state and rings of ``dtype`` (16-bit: a chunk
+    at a time; fp32: the whole tile staged, a thread a row), random accepted counts, until every slot has folded in a
+    step; then a fold."""
     r = lambda *s: torch.randn(*s, device=DEV, generator=g)  # noqa: E731
-    with forcing(CHUNKED):  # (an fp32 state has no chunks: the tile staged whole)
+    with forcing(CHUNKED):
         for T in (4, 8):
-            pool = (r(S, HV, 128, 128) * 0.1).float()
-            cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=torch.float32, device=DEV)
+            pool = (r(S, HV, 128, 128) * 0.1).to(dtype)
+            cache = gdnjit.lazy_cache(S, H, HV, 128, 128, dtype=dtype, device=DEV)
             acc = torch.zeros(B, dtype=torch.int32, device=DEV)
-            for _ in range(8):
+            for _ in range(steps):
                 q, k = r(B, T, H, 128).bfloat16(), r(B, T, H, 128).bfloat16()
                 v, a, b = r(B, T, HV, 128).bfloat16(), r(B, T, HV).bfloat16(), r(B, T, HV).bfloat16()
                 gdnjit.gated_delta_rule_lazy_step(q, k, v, A_log, a, dtb, b, pool, idx, cache, num_accepted=acc)
                 acc = torch.randint(T // 2, T + 1, (B,), device=DEV, generator=g, dtype=torch.int32)
             gdnjit.gated_delta_rule_lazy_fold(pool, idx, cache, num_accepted=acc)
             torch.cuda.synchronize()
-            print(f"lazy speculative steps (T={T}) and a fold, tile form of 128 rows, fp32 state and rings: ran")
-
+            print(f"lazy speculative steps (T={T}) and a fold, {what}: ran")
 
 if __name__ == "__main__":
     raise SystemExit(main())
