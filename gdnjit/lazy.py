@@ -236,25 +236,16 @@ def gated_delta_rule_lazy_reset(state_indices: torch.Tensor, cache: LazyCache, *
 
 def launches(call: KernelCall) -> tuple:
     """``(calls, scratch bytes)``: the launches of a named step or fold call in order, by the form the dispatcher
-    picks for it: the call alone (tile and eager forms, a reset), or :func:`first_launch`'s prep launch and then the
-    call (rows form), which share a scratch buffer of that many bytes (the spec's description)."""
-    first = first_launch(call.params, dict(RUNNER.variant(call).tunables))
+    picks for it: the call alone (tile and eager forms, a reset), or the spec's ``first_launch`` (the prep launch,
+    with the call's window) and then the call (rows form), which share a scratch buffer of that many bytes (the
+    spec's description)."""
+    first = SPEC.first_launch_of(call.params, dict(RUNNER.variant(call).tunables))
     if first is None:
         return (call,), 0
     params, pinned = first
     f = call.facts
     prep = dataclasses.replace(call, params=params, pinned=pinned)
     return (prep, call), scratch_bytes(f["B"], f["H"], f["HV"], call.params["K"], call.params["T"])
-
-
-def first_launch(params: dict, tunables: dict) -> Optional[tuple]:
-    """The launch a call of these params and tunables makes before its own, as ``(params, pinned tunables)``: a
-    rows-form step or fold launches its prep (mode ``prep``) first, with the call's window pinned over the prep's own
-    choice (the prep decides each row's fold and hands the window to the state launch); None for a single launch.
-    :func:`launches` and ``gdnjit warm``'s plan (each rows-form variant's prep) ask this."""
-    if params["mode"] in ("reset", "prep") or tunables["form"] != "rows":
-        return None
-    return dict(params, mode="prep"), {"window": tunables["window"]}
 
 
 def scratch_bytes(B: int, H: int, HV: int, K: int, T: int) -> int:

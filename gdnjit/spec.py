@@ -41,6 +41,10 @@ Schema (see ``docs/specs.md`` for the guide)::
                                  # only the args it sets (gdnjit.call_mode), the others are required
     param_defaults: {param: value}  # optional: the value a calling mode that does not name a param gets (the
                                  # "off" value of a mode flag); params without one are required
+    first_launch: {when: expr, params: {param: value}, pin: [tunable], why: str}  # optional: a launch a call makes
+                                 # before its own where `when` holds over its params and tunables: the same call
+                                 # with `params` set, the `pin` tunables pinned to the call's values (the runner
+                                 # chooses the rest); warm plans it beside the call
 """
 
 from __future__ import annotations
@@ -64,7 +68,7 @@ _SCALAR = (bool, int, float, str)
 _TOP_KEYS = {
     "name", "description", "template", "kernel_name", "module", "params", "param_domains", "tunables", "derived",
     "constraints", "facts", "batch_fact", "from_model", "model_checks", "from_arch", "rules", "launch", "args",
-    "dispatch_params", "invariant_batch", "retile_may_set", "retile", "param_defaults",
+    "dispatch_params", "invariant_batch", "retile_may_set", "retile", "param_defaults", "first_launch",
 }
 ARG_TYPES = ("ptr", "i64", "i32", "f32")
 
@@ -84,6 +88,16 @@ class Constraint:
     expr: str
     why: str
     line: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FirstLaunch:
+    """A launch a call makes before its own (spec key ``first_launch``)."""
+
+    when: str  # over the call's params and tunables
+    params: tuple[tuple[str, Any], ...]  # the params it changes
+    pin: tuple[str, ...]  # the tunables it takes from the call
+    why: str = ""
 
 
 _DISPATCH_VIEWS: dict = {}  # (spec, params items) -> Spec.dispatch_view (bounded)
@@ -118,6 +132,7 @@ class Spec:
     retile: tuple[Rule, ...] = ()  # after the choice, over the call's own params + the chosen tunables + facts
     arg_defaults: tuple[tuple[str, Any], ...] = ()  # arg -> the value a calling mode that does not name it passes
     param_defaults: tuple[tuple[str, Any], ...] = ()  # param -> the value a calling mode that does not name it gets
+    first_launch: FirstLaunch | None = None  # a launch a call makes before its own (where its `when` holds)
 
     def dispatch_view(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """``params`` as the rules and tuned tables see them (``dispatch_params`` applied, each over the
@@ -277,7 +292,17 @@ class Spec:
         texts += [r.when for r in self.retile]
         texts += [e for table in (self.domains, self.from_model, self.from_arch, self.dispatch_params) for _, e in table]
         texts += [c.expr for c in self.model_checks]
+        texts += [self.first_launch.when] if self.first_launch else []
         return tuple(dict.fromkeys(texts))
+
+    def first_launch_of(self, params: Mapping[str, Any], tunables: Mapping[str, Any]) -> tuple[dict, dict] | None:
+        """``(params, pinned tunables)`` of the launch a call of these params and tunables makes before its own
+        (spec key ``first_launch``: the same call with its ``params`` set, its ``pin`` tunables the call's), or
+        None when it makes none."""
+        fl = self.first_launch
+        if fl is None or not _expr.evaluate(fl.when, {**params, **tunables}):
+            return None
+        return dict(params, **dict(fl.params)), {n: tunables[n] for n in fl.pin}
 
     def all_tunable_choices(self) -> list[dict[str, Any]]:
         """Every combination of tunable values (valid or not)."""
@@ -514,6 +539,37 @@ def _retile(doc: LineDict, file: str, tunables: tuple, names: set) -> tuple[tupl
     return may, tuple(out)
 
 
+def _first_launch(doc: LineDict, file: str, params: tuple, tunables: tuple) -> FirstLaunch | None:
+    """``first_launch``: ``when`` over params and tunables, ``params`` (param names -> allowed values), ``pin``
+    (distinct tunable names), ``why``."""
+    fl = doc.get("first_launch")
+    if fl is None:
+        return None
+    if (not isinstance(fl, dict) or set(fl) - {"when", "params", "pin", "why"}
+            or not {"when", "params", "pin"} <= set(fl)):
+        raise _err(file, "first_launch", "expected a mapping with keys when, params and pin (and why)", doc,
+                   "first_launch")
+    when = _expr_str(fl["when"], file, "first_launch.when", fl, "when")
+    missing = _expr.names_in(when) - set(dict(params)) - set(dict(tunables))
+    if missing:
+        raise _err(file, "first_launch.when", f"may read params and tunables; unknown names {sorted(missing)}", fl,
+                   "when")
+    changed = fl["params"]
+    if not isinstance(changed, dict) or not changed or set(changed) - set(dict(params)):
+        raise _err(file, "first_launch.params", f"expected a mapping of param names ({list(dict(params))}) to values, "
+                   f"got {changed!r}", fl, "params")
+    for n, v in changed.items():
+        if v not in dict(params)[n]:
+            raise _err(file, f"first_launch.params.{n}", f"{v!r} is not an allowed value {list(dict(params)[n])}",
+                       changed, n)
+    pin = fl["pin"]
+    if (not isinstance(pin, list) or any(not isinstance(n, str) or n not in dict(tunables) for n in pin)
+            or len(set(pin)) != len(pin)):
+        raise _err(file, "first_launch.pin", f"expected a list of distinct tunable names ({list(dict(tunables))}), "
+                   f"got {pin!r}", fl, "pin")
+    return FirstLaunch(when, tuple(changed.items()), tuple(pin), str(fl.get("why", "")))
+
+
 def _param_domains(doc: LineDict, file: str, params: tuple) -> tuple[tuple[str, str], ...]:
     """``param_domains``: integer params that accept any value for which an expression over the param
     alone holds; every listed value must be inside (the list is what warm and the checks enumerate)."""
@@ -710,6 +766,9 @@ def parse_spec(doc: Any, file: str) -> Spec:
 
     retile_may_set, retile = _retile(doc, file, tunables, set(dict(params)) | set(tunable_names) | set(facts))
     compared += [(f"retile[{i}].when", r.when, doc["retile"][i], "when") for i, r in enumerate(retile)]
+    first_launch = _first_launch(doc, file, params, tunables)
+    if first_launch is not None:
+        compared.append(("first_launch.when", first_launch.when, doc["first_launch"], "when"))
 
     launch_doc = doc["launch"]
     if not isinstance(launch_doc, dict) or set(launch_doc) != {"grid", "block", "smem"}:
@@ -733,7 +792,7 @@ def parse_spec(doc: Any, file: str) -> Spec:
         args=args, arg_defaults=arg_defaults, param_defaults=param_defaults, file=file, domains=domains, batch_fact=batch_fact, from_model=from_model,
         model_checks=tuple(model_checks), from_arch=tuple(from_arch), module=module,
         dispatch_params=dispatch_params, invariant_batch=invariant_batch, retile_may_set=retile_may_set,
-        retile=retile,
+        retile=retile, first_launch=first_launch,
     )
     for place in compared:
         _check_literals(spec, *place)
@@ -958,7 +1017,8 @@ def recorded_spec(file_name: str, yaml_bytes: bytes) -> Spec | None:
     from . import spec_record
 
     record = spec_record.lookup(file_name, yaml_bytes)
-    return None if record is None else spec_record.decode(record, {"Spec": Spec, "Rule": Rule, "Constraint": Constraint})
+    return None if record is None else spec_record.decode(record, {"Spec": Spec, "Rule": Rule, "Constraint": Constraint,
+                                                                     "FirstLaunch": FirstLaunch})
 
 
 def list_specs() -> list[str]:

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import functools
-import importlib
 import os
 import time
 from typing import Callable, Iterable, Sequence
@@ -100,12 +98,11 @@ def plan(problems: Iterable[Problem], archs: Sequence[str], num_sms: Sequence[in
 
 def first_launch_variant(spec, params: dict, tunables: dict, facts: dict, arch: str, tables: Sequence = (),
                          batch_invariant: bool = False) -> Variant | None:
-    """The variant of the launch a call of ``params`` / ``tunables`` makes before its own (its op module's
+    """The variant of the launch a call of ``params`` / ``tunables`` makes before its own (the spec's
     ``first_launch``: the lazy rows form's prep), as the runner resolves it: the dispatcher's choice for its params
     (the first of ``tables`` with an entry, else the rules) with the pinned tunables over it; None when the call is
     one launch (or the pinned choice is not valid: the call itself would then be refused)."""
-    hook = _first_launch_hook(spec.module)
-    first = hook(params, tunables) if hook else None
+    first = spec.first_launch_of(params, tunables)
     if first is None:
         return None
     fparams, pinned = first
@@ -115,11 +112,6 @@ def first_launch_variant(spec, params: dict, tunables: dict, facts: dict, arch: 
     chosen, _ = dispatch.select(spec, fparams, sfacts, tuned=choice, batch_invariant=batch_invariant)
     chosen = dict(chosen, **pinned)
     return Variant.make(spec, fparams, chosen, arch) if spec.valid(fparams, chosen) else None
-
-
-@functools.lru_cache(maxsize=None)
-def _first_launch_hook(module: str | None):
-    return getattr(importlib.import_module(f"gdnjit.{module}"), "first_launch", None) if module else None
 
 
 @dataclasses.dataclass

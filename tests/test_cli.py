@@ -150,7 +150,7 @@ def test_plan_retiles_a_tuned_entry_as_dispatch_does(tmp_path):
 
 
 def test_plan_has_each_rows_form_steps_prep():
-    """A rows-form step launches its prep first (gdnjit.lazy.first_launch), so the plan has that prep variant with
+    """A rows-form step launches its prep first (gdn_lazy.yaml's first_launch), so the plan has that prep variant with
     the step's window: the rules' fp32 speculative steps of T 2 / 3 (rows form from B * HV 2048; their preps are in
     no shapes call), and a tuned table's rows-form step with window 8 (the rules' prep has 16)."""
     from gdnjit import dispatch

@@ -489,7 +489,7 @@ def test_launches_follow_the_chosen_form(monkeypatch):
 def test_a_rows_form_calls_prep_takes_its_window(monkeypatch):
     """The prep launch decides each row's fold and hands the window to the state launch, so it takes the call's
     window whatever its own choice: a tuned table's rows-form step with window 8 launches a prep of window 8 (the
-    rules' prep has 16), pinned over the dispatcher's choice; without the table both have 16. first_launch names
+    rules' prep has 16), pinned over the dispatcher's choice; without the table both have 16. The spec's first_launch names
     the prep for rows-form steps and folds only (stand-in H200, nothing loaded)."""
     from gdnjit import runner
     from gdnjit.tuned import TunedTable
@@ -517,9 +517,9 @@ def test_a_rows_form_calls_prep_takes_its_window(monkeypatch):
         finally:
             runner.RUNNER.clear()
     p = dict(call.params)
-    assert lazy.first_launch(p, rows) == (dict(p, mode="prep"), {"window": 8})
+    assert SPEC.first_launch_of(p, rows) == (dict(p, mode="prep"), {"window": 8})
     for mode, form in (("fold", "rows"), ("step", "tile"), ("step", "eager"), ("reset", "tile"), ("prep", "rows")):
-        first = lazy.first_launch(dict(p, mode=mode), dict(rows, form=form))
+        first = SPEC.first_launch_of(dict(p, mode=mode), dict(rows, form=form))
         assert (first is not None) == (mode == "fold" and form == "rows"), (mode, form)
 
 

@@ -1229,6 +1229,53 @@ def test_retile_errors(tmp_path, old, new, key, reason):
     assert reason in str(e)
 
 
+TOY_FIRST = TOY.replace("launch:", """first_launch:
+  when: "flag and t > 1"
+  params: {flag: false, n: 32}
+  pin: [t]
+  why: a toy's first launch
+launch:""")
+
+
+def test_first_launch_names_the_launch_before_the_call(tmp_path):
+    """The spec key first_launch: where its when holds over a call's params and tunables, the call launches the same
+    call with its params set first, the pinned tunables the call's; else nothing (and a spec without the key never);
+    the shipped gdn_lazy's record keeps it (the rows form's prep, its window pinned)."""
+    from gdnjit.spec import FirstLaunch, recorded_spec
+
+    toy = load_spec_file(write(tmp_path, TOY_FIRST, "toy.yaml"))
+    assert toy.first_launch_of({"n": 128, "flag": True}, {"t": 2}) == ({"n": 32, "flag": False}, {"t": 2})
+    assert toy.first_launch_of({"n": 128, "flag": True}, {"t": 1}) is None
+    assert toy.first_launch_of({"n": 128, "flag": False}, {"t": 4}) is None
+    assert load_spec_file(write(tmp_path, TOY, "plain.yaml")).first_launch_of({"n": 64, "flag": True}, {"t": 2}) is None
+    assert toy.first_launch.when in toy.expressions()
+    lazy_file = SPEC_DIR / "gdn_lazy.yaml"
+    recorded = recorded_spec(lazy_file.name, lazy_file.read_bytes())
+    assert recorded is not None and recorded.first_launch == load_spec_file(lazy_file).first_launch
+    assert isinstance(recorded.first_launch, FirstLaunch) and recorded.first_launch.pin == ("window",)
+
+
+@pytest.mark.parametrize("old, new, key, reason", [
+    ("  pin: [t]\n", "", "first_launch", "keys when, params and pin"),
+    ("  pin: [t]\n", "  pin: [t]\n  also: 1\n", "first_launch", "keys when, params and pin"),
+    ('  when: "flag and t > 1"', '  when: "flag and per > 1"', "first_launch.when", "unknown names"),
+    ('  when: "flag and t > 1"', '  when: "flag and B > 1"', "first_launch.when", "unknown names"),
+    ("  params: {flag: false, n: 32}", "  params: {}", "first_launch.params", "expected a mapping of param names"),
+    ("  params: {flag: false, n: 32}", "  params: {m: 32}", "first_launch.params", "expected a mapping of param names"),
+    ("  params: {flag: false, n: 32}", "  params: {n: 48}", "first_launch.params.n", "not an allowed value"),
+    ("  params: {flag: false, n: 32}", "  params: {n: []}", "first_launch.params.n", "not an allowed value"),
+    ("  pin: [t]", "  pin: [u]", "first_launch.pin", "distinct tunable names"),
+    ("  pin: [t]", "  pin: [t, t]", "first_launch.pin", "distinct tunable names"),
+    ("  pin: [t]", "  pin: [[], t]", "first_launch.pin", "distinct tunable names"),
+    ('  when: "flag and t > 1"', '  when: "flag and t > 3 and t == 8"', "first_launch.when", "never takes"),
+])
+def test_first_launch_errors(tmp_path, old, new, key, reason):
+    text = TOY_FIRST.replace(old, new)
+    assert text != TOY_FIRST
+    e = spec_error(tmp_path, text, key, None)
+    assert reason in str(e)
+
+
 # ---- derived values that fail to evaluate; comparisons with values never taken (issue 54) ---------------
 
 
