@@ -1213,7 +1213,7 @@ def test_retile_sees_the_calls_own_params_after_rules_and_tuned(tmp_path):
     assert dispatch.explain(toy, {"n": 128, "flag": False}, {"B": 15})[-1].endswith("` false")
 
 
-@pytest.mark.parametrize("old, new, key, reason", [
+RETILE_ERRORS = [
     ("retile_may_set: [t]", "retile_may_set: [u]", "retile_may_set", "distinct tunable names"),
     ("retile_may_set: [t]", "retile_may_set: [[], t]", "retile_may_set", "distinct tunable names"),  # (fuzz-found)
     ("    use: {t: 1}\n    why: the hidden", "    use: {t: 3}\n    why: the hidden", "retile[0].use.t", "not an allowed"),
@@ -1221,12 +1221,7 @@ def test_retile_sees_the_calls_own_params_after_rules_and_tuned(tmp_path):
     ("    use: {t: 1}\n", "    use: {t: 1, 3: 1}\n", "retile[0].use", "may set only the tunables"),  # (fuzz-found)
     ('  - when: "flag and t == 2 and B < 20"', '  - when: "flag and per == 2"', "retile[0].when", "unknown names"),
     ("    use: {t: 1}\n", "", "retile[0]", "keys when and use"),
-])
-def test_retile_errors(tmp_path, old, new, key, reason):
-    text = TOY_RETILE.replace(old, new)
-    assert text != TOY_RETILE
-    e = spec_error(tmp_path, text, key, None)
-    assert reason in str(e)
+]
 
 
 TOY_FIRST = TOY.replace("launch:", """first_launch:
@@ -1255,7 +1250,7 @@ def test_first_launch_names_the_launch_before_the_call(tmp_path):
     assert isinstance(recorded.first_launch, FirstLaunch) and recorded.first_launch.pin == ("window",)
 
 
-@pytest.mark.parametrize("old, new, key, reason", [
+FIRST_LAUNCH_ERRORS = [
     ("  pin: [t]\n", "", "first_launch", "keys when, params and pin"),
     ("  pin: [t]\n", "  pin: [t]\n  also: 1\n", "first_launch", "keys when, params and pin"),
     ('  when: "flag and t > 1"', '  when: "flag and per > 1"', "first_launch.when", "unknown names"),
@@ -1268,10 +1263,14 @@ def test_first_launch_names_the_launch_before_the_call(tmp_path):
     ("  pin: [t]", "  pin: [t, t]", "first_launch.pin", "distinct tunable names"),
     ("  pin: [t]", "  pin: [[], t]", "first_launch.pin", "distinct tunable names"),
     ('  when: "flag and t > 1"', '  when: "flag and t > 3 and t == 8"', "first_launch.when", "never takes"),
-])
-def test_first_launch_errors(tmp_path, old, new, key, reason):
-    text = TOY_FIRST.replace(old, new)
-    assert text != TOY_FIRST
+]
+
+
+@pytest.mark.parametrize("base, old, new, key, reason", [(TOY_RETILE, *c) for c in RETILE_ERRORS]
+                         + [(TOY_FIRST, *c) for c in FIRST_LAUNCH_ERRORS])
+def test_retile_and_first_launch_errors(tmp_path, base, old, new, key, reason):
+    text = base.replace(old, new)
+    assert text != base
     e = spec_error(tmp_path, text, key, None)
     assert reason in str(e)
 
